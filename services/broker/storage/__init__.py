@@ -1,0 +1,30 @@
+"""The broker's storage engine: partition logs of segment files, and the log directory."""
+
+from services.broker.storage.config import LogConfig
+from services.broker.storage.errors import (
+    InvalidConfigError,
+    InvalidTimestampError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+    ReservationStateError,
+    StorageError,
+)
+from services.broker.storage.log import AppendResult, LogRead, PartitionLog, Reservation
+from services.broker.storage.log_file import FileSlice
+
+__all__ = [
+    "AppendResult",
+    "FileSlice",
+    "InvalidConfigError",
+    "InvalidTimestampError",
+    "LogConfig",
+    "LogRead",
+    "MessageTooLargeError",
+    "OffsetOutOfRangeError",
+    "PartitionLog",
+    "RecordBatchTooLargeError",
+    "Reservation",
+    "ReservationStateError",
+    "StorageError",
+]

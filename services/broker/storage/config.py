@@ -1,0 +1,102 @@
+"""Per-partition log settings, under Kafka's topic config names and defaults.
+
+The broker reads and writes them as Kafka properties (CreateTopics, DescribeConfigs,
+IncrementalAlterConfigs), so one table lists each name, its field, type and lower bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from directlog.records.batch import HEADER_SIZE, TimestampType
+from services.broker.storage.errors import InvalidConfigError
+
+LONG_MAX = (1 << 63) - 1
+DAY_MS = 24 * 60 * 60 * 1000
+
+_TIMESTAMP_TYPES = {
+    "CreateTime": TimestampType.CREATE_TIME,
+    "LogAppendTime": TimestampType.LOG_APPEND_TIME,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * DAY_MS
+    segment_index_bytes: int = 10 << 20
+    index_interval_bytes: int = 4096
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    retention_ms: int = 7 * DAY_MS  # the paper's 7-day SLA; -1 keeps data forever
+    retention_bytes: int = -1
+    max_message_bytes: int = 1048588
+    preallocate: bool = False
+    message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    message_timestamp_before_max_ms: int = LONG_MAX
+    message_timestamp_after_max_ms: int = LONG_MAX
+
+    @classmethod
+    def from_properties(
+        cls, properties: Mapping[str, str], base: LogConfig | None = None
+    ) -> LogConfig:
+        """Apply Kafka-named properties over `base` (the defaults if None)."""
+        changes: dict[str, Any] = {}
+        for name, raw in properties.items():
+            spec = _PROPERTIES.get(name)
+            if spec is None:
+                raise InvalidConfigError(f"unknown log config {name!r}")
+            field_name, parse, minimum = spec
+            try:
+                value = parse(raw)
+            except (ValueError, KeyError) as exc:
+                raise InvalidConfigError(f"{name}: cannot parse {raw!r}") from exc
+            if minimum is not None and value < minimum:
+                raise InvalidConfigError(f"{name}: {value} is below the minimum {minimum}")
+            changes[field_name] = value
+        return dataclasses.replace(base or cls(), **changes)
+
+    def to_properties(self) -> dict[str, str]:
+        """Every setting under its Kafka name, as DescribeConfigs reports it."""
+        out = {}
+        for name, (field_name, _, _) in _PROPERTIES.items():
+            value = getattr(self, field_name)
+            if isinstance(value, TimestampType):
+                out[name] = next(k for k, v in _TIMESTAMP_TYPES.items() if v is value)
+            elif isinstance(value, bool):
+                out[name] = str(value).lower()
+            else:
+                out[name] = str(value)
+        return out
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(raw)
+    return lowered == "true"
+
+
+def _parse_timestamp_type(raw: str) -> TimestampType:
+    return _TIMESTAMP_TYPES[raw.strip()]
+
+
+# Kafka name -> (field, parser, lower bound or None).
+_PROPERTIES: dict[str, tuple[str, Any, int | None]] = {
+    "segment.bytes": ("segment_bytes", int, HEADER_SIZE),
+    "segment.ms": ("segment_ms", int, 1),
+    "segment.index.bytes": ("segment_index_bytes", int, 8),
+    "index.interval.bytes": ("index_interval_bytes", int, 0),
+    "flush.messages": ("flush_messages", int, 1),
+    "flush.ms": ("flush_ms", int, 0),
+    "retention.ms": ("retention_ms", int, -1),
+    "retention.bytes": ("retention_bytes", int, -1),
+    "max.message.bytes": ("max_message_bytes", int, 0),
+    "preallocate": ("preallocate", _parse_bool, None),
+    "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type, None),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", int, 0),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", int, 0),
+}

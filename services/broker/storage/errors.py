@@ -1,0 +1,38 @@
+"""Typed errors of the partition log. The Kafka protocol edge maps each to its error code."""
+
+
+class StorageError(Exception):
+    """An I/O failure on the log directory. Kafka: KAFKA_STORAGE_ERROR."""
+
+
+class OffsetOutOfRangeError(Exception):
+    """A read below the log start offset or above the log end offset. Kafka: OFFSET_OUT_OF_RANGE."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(f"offset {offset} outside the log [{log_start_offset}, {log_end_offset}]")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class MessageTooLargeError(Exception):
+    """A batch larger than max.message.bytes. Kafka: MESSAGE_TOO_LARGE."""
+
+
+class RecordBatchTooLargeError(Exception):
+    """An append larger than segment.bytes, which no segment could hold.
+    Kafka: RECORD_LIST_TOO_LARGE."""
+
+
+class InvalidTimestampError(Exception):
+    """A record timestamp outside the window the topic accepts. Kafka: INVALID_TIMESTAMP."""
+
+
+class InvalidConfigError(ValueError):
+    """A log config value of the wrong type or range. Kafka: INVALID_CONFIG."""
+
+
+class ReservationStateError(Exception):
+    """The reserve/commit protocol was used out of order: a commit that is not the oldest
+    pending reservation, an append while reservations are pending, a reservation that does
+    not fit the head segment. The datapath above must serialize; nothing was written."""

@@ -1,0 +1,584 @@
+"""A partition's log: an ordered run of segments, addressed by offset.
+
+Appends come two ways and commit through one path (validator.plan_append, then
+LogSegment.committed): `append` writes a producer's or a leader's buffer at the log end
+with one positional gathered write, stamping base offsets in the header copies it writes;
+`reserve` hands out a writable region of the preallocated, memory-mapped head segment that
+a producer fills itself (the RDMA produce of KafkaDirect), and `commit` validates those
+bytes where they lie and stamps offsets in place. Readers get whole batches as file slices
+bounded by max bytes and an upper offset (the high watermark), ready for os.sendfile.
+
+Invariants: offsets are dense for producer appends and never go back; log start <= high
+watermark <= log end; recovery point <= log end; the head segment is the last one.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from directlog.records.batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    NO_TIMESTAMP,
+    stamp_offset_and_epoch,
+)
+from directlog.records.varint import Buffer
+from services.broker.storage.config import LogConfig
+from services.broker.storage.errors import (
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+    ReservationStateError,
+    StorageError,
+)
+from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
+from services.broker.storage.offset_index import OffsetIndex
+from services.broker.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+)
+from services.broker.storage.validator import AppendPlan, plan_append
+
+Clock = Callable[[], int]
+_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
+_INT32_MAX = (1 << 31) - 1
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True, frozen=True)
+class AppendResult:
+    first_offset: int
+    last_offset: int
+    records: int
+    size: int
+    log_append_time: int  # -1 unless the topic stamps LogAppendTime
+
+
+@dataclass(slots=True, frozen=True)
+class LogRead:
+    records: FileSlice
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(eq=False, slots=True)
+class Reservation:
+    """A region of the head segment handed to a producer that writes it directly."""
+
+    segment: LogSegment
+    position: int
+    size: int
+    buffer: memoryview
+    open: bool = field(default=True)
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        high_watermark: int,
+        clock: Clock,
+    ) -> None:
+        assert segments, "a log always has a head segment"
+        self.directory = directory
+        self.config = config
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._pending: list[Reservation] = []
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self.high_watermark = high_watermark
+        self._unflushed_records = 0
+        self._last_flush_ms = clock()
+
+    # Opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        *,
+        log_start_offset: int = 0,
+        recovery_point: int = 0,
+        high_watermark: int = 0,
+        clean_shutdown: bool = False,
+        clock: Clock = wall_clock_ms,
+    ) -> PartitionLog:
+        """Open or create the log in `directory`.
+
+        After an unclean shutdown every segment holding offsets at or above
+        `recovery_point` is validated batch by batch; the log is cut after the last valid
+        batch and any later segment is deleted. Segments wholly below `log_start_offset`
+        (left by a crash during retention) are deleted."""
+        directory.mkdir(parents=True, exist_ok=True)
+        now = clock()
+        bases = _segment_bases(directory)
+        segments: list[LogSegment] = []
+        for i, base in enumerate(bases):
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            recover = not clean_shutdown and (next_base is None or next_base > recovery_point)
+            segment, cut = LogSegment.open(
+                directory,
+                base,
+                index_interval=config.index_interval_bytes,
+                now_ms=now,
+                recover=recover,
+            )
+            if segments and segment.base_offset < segments[-1].next_offset:
+                segment.delete()
+                cut = True
+            else:
+                segments.append(segment)
+            if recover:
+                segment.flush()
+            if cut:
+                for later in bases[i + 1 :]:
+                    _delete_segment_files(directory, later)
+                break
+        while len(segments) > 1 and segments[0].next_offset <= log_start_offset:
+            segments.pop(0).delete()
+        if not segments:
+            start = max(log_start_offset, 0)
+            segments.append(
+                LogSegment.create(
+                    directory,
+                    start,
+                    index_interval=config.index_interval_bytes,
+                    now_ms=now,
+                    capacity=None,
+                )
+            )
+        if config.preallocate:
+            segments[-1].log.preallocate(config.segment_bytes)
+        log_end = segments[-1].next_offset
+        start = min(max(log_start_offset, segments[0].base_offset), log_end)
+        point = log_end if not clean_shutdown else min(recovery_point, log_end)
+        return cls(
+            directory,
+            config,
+            segments,
+            log_start_offset=start,
+            recovery_point=min(max(point, start), log_end),
+            high_watermark=min(max(high_watermark, start), log_end),
+            clock=clock,
+        )
+
+    # State -----------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        with self._lock:
+            return list(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self.segments)
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Move the high watermark, kept within [log start, log end]; returns it."""
+        with self._lock:
+            self.high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+            return self.high_watermark
+
+    # Appending -------------------------------------------------------------------------
+
+    def append(
+        self, buf: Buffer, *, leader_epoch: int = -1, assign_offsets: bool = True
+    ) -> AppendResult:
+        """Validate and append one or more batches. With `assign_offsets` (producer data)
+        they take the next offsets; without (a follower) they keep the leader's offsets.
+        A rejected buffer raises a typed error and leaves the log unchanged."""
+        with self._lock:
+            if self._pending:
+                raise ReservationStateError("append while reservations are pending")
+            plan = self._plan(buf, leader_epoch, assign_offsets)
+            self._maybe_roll(plan.size, plan.last_offset)
+            segment = self._segments[-1]
+            position = segment.size
+            segment.log.append(_iovecs(buf, plan, leader_epoch))
+            segment.committed(plan, position)
+            return self._appended(plan)
+
+    def reserve(self, size: int) -> Reservation:
+        """Hand out the next `size` bytes of the preallocated head segment for a producer to
+        fill with batches; commit or abort reservations in the order they were made."""
+        with self._lock:
+            if not self.config.preallocate:
+                raise ReservationStateError("reservations need log.preallocate")
+            if not 0 < size <= self.config.segment_bytes:
+                raise RecordBatchTooLargeError(
+                    f"reservation of {size} bytes; segment.bytes is {self.config.segment_bytes}"
+                )
+            if self._pending:
+                last = self._pending[-1]
+                position = last.position + last.size
+                if position + size > self.config.segment_bytes:
+                    raise ReservationStateError(
+                        "head segment full: commit pending reservations first"
+                    )
+            else:
+                self._maybe_roll(size, self.log_end_offset)
+                position = self._segments[-1].size
+            segment = self._segments[-1]
+            reservation = Reservation(segment, position, size, segment.log.region(position, size))
+            self._pending.append(reservation)
+            return reservation
+
+    def commit(
+        self, reservation: Reservation, length: int | None = None, *, leader_epoch: int = -1
+    ) -> AppendResult:
+        """Validate the first `length` bytes of a filled reservation where they lie, stamp
+        offsets in place and make them part of the log. Only the oldest pending reservation
+        can commit; only the newest may commit fewer bytes than it reserved. A region that
+        fails validation is discarded with every later reservation, and the error raised."""
+        with self._lock:
+            if not self._pending or self._pending[0] is not reservation:
+                raise ReservationStateError(
+                    "commit of a reservation that is not the oldest pending"
+                )
+            used = reservation.size if length is None else length
+            if not 0 < used <= reservation.size:
+                raise ReservationStateError(
+                    f"commit of {used} bytes of a {reservation.size}-byte reservation"
+                )
+            if used < reservation.size and len(self._pending) > 1:
+                raise ReservationStateError("only the newest reservation may commit short")
+            region = reservation.buffer[:used]
+            try:
+                plan = self._plan(region, leader_epoch, True)
+            except Exception:
+                region.release()
+                self._discard_pending(0)
+                raise
+            for batch in plan.batches:
+                if batch.header is not None:
+                    region[batch.position : batch.position + HEADER_SIZE] = batch.header
+                else:
+                    stamp_offset_and_epoch(region, batch.position, batch.base_offset, leader_epoch)
+            region.release()
+            self._pending.pop(0)
+            self._close(reservation)
+            reservation.segment.log.advance(used)
+            reservation.segment.committed(plan, reservation.position)
+            return self._appended(plan)
+
+    def abort(self, reservation: Reservation) -> None:
+        """Give up a reservation and every one made after it (they cannot commit past a gap)."""
+        with self._lock:
+            if reservation not in self._pending:
+                raise ReservationStateError("abort of a reservation that is not pending")
+            self._discard_pending(self._pending.index(reservation))
+
+    def _discard_pending(self, first: int) -> None:
+        for reservation in self._pending[first:]:
+            # Zero the header so recovery after a crash stops here instead of finding a batch.
+            reservation.buffer[: min(LOG_OVERHEAD, reservation.size)] = bytes(
+                min(LOG_OVERHEAD, reservation.size)
+            )
+            self._close(reservation)
+        del self._pending[first:]
+
+    @staticmethod
+    def _close(reservation: Reservation) -> None:
+        reservation.buffer.release()
+        reservation.open = False
+
+    def _plan(self, buf: Buffer, leader_epoch: int, assign_offsets: bool) -> AppendPlan:
+        plan = plan_append(
+            buf,
+            next_offset=self.log_end_offset,
+            leader_epoch=leader_epoch,
+            config=self.config,
+            now_ms=self._clock(),
+            assign_offsets=assign_offsets,
+        )
+        if plan.size > self.config.segment_bytes:
+            raise RecordBatchTooLargeError(
+                f"append of {plan.size} bytes exceeds segment.bytes {self.config.segment_bytes}"
+            )
+        return plan
+
+    def _appended(self, plan: AppendPlan) -> AppendResult:
+        assert self.log_end_offset == plan.last_offset + 1
+        self._unflushed_records += plan.records
+        if self._unflushed_records >= self.config.flush_messages:
+            self.flush()
+        return AppendResult(
+            plan.first_offset, plan.last_offset, plan.records, plan.size, plan.log_append_time
+        )
+
+    # Rolling ---------------------------------------------------------------------------
+
+    def _maybe_roll(self, size: int, last_offset: int) -> None:
+        head = self._segments[-1]
+        config = self.config
+        if (
+            head.size > config.segment_bytes - size
+            or (not head.is_empty() and self._clock() - head.roll_base_ms() >= config.segment_ms)
+            or head.offset_index.size_bytes + OffsetIndex.ENTRY.size > config.segment_index_bytes
+            or last_offset - head.base_offset > _INT32_MAX
+        ):
+            self.roll()
+
+    def roll(self) -> LogSegment:
+        """Start a new head segment at the log end offset (no-op if the head is empty)."""
+        with self._lock:
+            head = self._segments[-1]
+            if head.is_empty():
+                return head
+            if self._pending:
+                raise ReservationStateError("roll while reservations are pending")
+            head.on_inactive()
+            segment = LogSegment.create(
+                self.directory,
+                self.log_end_offset,
+                index_interval=self.config.index_interval_bytes,
+                now_ms=self._clock(),
+                capacity=self.config.segment_bytes if self.config.preallocate else None,
+            )
+            self._segments.append(segment)
+            self._bases.append(segment.base_offset)
+            return segment
+
+    # Reading ---------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        upper_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> LogRead:
+        """Whole batches from the one holding `offset`, at most `max_bytes` (at least one
+        batch when `min_one_batch`), none holding offsets at or above `upper_offset`
+        (default: the log end; consumers pass the high watermark)."""
+        with self._lock:
+            segments, bases = list(self._segments), list(self._bases)
+            start, end, hw = self.log_start_offset, self.log_end_offset, self.high_watermark
+        if not start <= offset <= end:
+            raise OffsetOutOfRangeError(offset, start, end)
+        upper = end if upper_offset is None else min(upper_offset, end)
+        for segment in segments[max(bisect_right(bases, offset) - 1, 0) :]:
+            if segment.base_offset >= upper or offset >= upper:
+                break
+            found = segment.locate(offset)
+            if found is None:
+                continue
+            position = found[0]
+            stop = segment.slice_end(position, max_bytes, upper, min_one_batch)
+            if stop > position:
+                return LogRead(FileSlice(segment.log, position, stop - position), hw, start, end)
+            break
+        return LogRead(EMPTY_SLICE, hw, start, end)
+
+    def offset_for_timestamp(
+        self, timestamp: int, *, upper_offset: int | None = None
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record whose timestamp is >= `timestamp`."""
+        upper = self.log_end_offset if upper_offset is None else upper_offset
+        for segment in self.segments:
+            if segment.base_offset >= upper:
+                break
+            if segment.max_timestamp != NO_TIMESTAMP and segment.max_timestamp >= timestamp:
+                found = segment.find_timestamp(timestamp, upper)
+                if found is not None:
+                    return found
+        return None
+
+    # Durability ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsync everything appended so far and move the recovery point to the log end.
+        The fsyncs run outside the lock, so a flush thread never stalls appends."""
+        with self._lock:
+            target = self.log_end_offset
+            if target <= self.recovery_point:
+                return
+            dirty = [s for s in self._segments if s.next_offset > self.recovery_point]
+            self._unflushed_records = 0
+            self._last_flush_ms = self._clock()
+        try:
+            for segment in dirty:
+                segment.flush()
+        except OSError as exc:
+            raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
+        with self._lock:
+            self.recovery_point = max(self.recovery_point, min(target, self.log_end_offset))
+
+    def flush_if_due(self) -> bool:
+        """Flush if flush.ms has passed since the last flush and data is waiting."""
+        if (
+            self._clock() - self._last_flush_ms >= self.config.flush_ms
+            and self.log_end_offset > self.recovery_point
+        ):
+            self.flush()
+            return True
+        return False
+
+    # Retention and truncation ----------------------------------------------------------
+
+    def delete_retained_segments(self) -> int:
+        """Delete whole segments past retention.ms or beyond retention.bytes, oldest first,
+        never above the high watermark. Returns how many were deleted."""
+        with self._lock:
+            if self._pending:
+                return 0
+            now = self._clock()
+            config = self.config
+            excess = self.size_bytes - config.retention_bytes if config.retention_bytes >= 0 else 0
+            doomed = 0
+            for segment in self._segments:
+                if segment.is_empty() or segment.next_offset > self.high_watermark:
+                    break
+                expired = (
+                    config.retention_ms >= 0
+                    and now - segment.largest_timestamp() > config.retention_ms
+                )
+                if not expired and excess < segment.size:
+                    break
+                excess -= segment.size
+                doomed += 1
+            if doomed == 0:
+                return 0
+            if doomed == len(self._segments):
+                self.roll()
+            for segment in self._segments[:doomed]:
+                segment.delete()
+            del self._segments[:doomed]
+            del self._bases[:doomed]
+            self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            return doomed
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch holding offsets >= offset, as a follower does when it diverged
+        from its leader. Pending reservations are discarded."""
+        with self._lock:
+            if offset >= self.log_end_offset:
+                return
+            self._discard_pending(0)
+            if offset <= self._segments[0].base_offset:
+                self._reset_at(offset)
+                return
+            while self._segments[-1].base_offset >= offset:
+                self._segments.pop().delete()
+                self._bases.pop()
+            head = self._segments[-1]
+            head.truncate_to(offset)
+            if self.config.preallocate and head.log.capacity is None:
+                head.log.preallocate(self.config.segment_bytes)
+            self._after_truncation()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop all data and restart the log, empty, at `offset`."""
+        with self._lock:
+            self._discard_pending(0)
+            self._reset_at(offset)
+
+    def _reset_at(self, offset: int) -> None:
+        for segment in self._segments:
+            segment.delete()
+        head = LogSegment.create(
+            self.directory,
+            offset,
+            index_interval=self.config.index_interval_bytes,
+            now_ms=self._clock(),
+            capacity=self.config.segment_bytes if self.config.preallocate else None,
+        )
+        self._segments = [head]
+        self._bases = [offset]
+        self.log_start_offset = offset
+        self._after_truncation()
+
+    def _after_truncation(self) -> None:
+        end = self.log_end_offset
+        self.high_watermark = min(self.high_watermark, end)
+        self.recovery_point = min(self.recovery_point, end)
+        self.log_start_offset = min(self.log_start_offset, end)
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, record the head's largest timestamp, trim preallocation, close files."""
+        with self._lock:
+            self._discard_pending(0)
+            self.flush()
+            head = self._segments[-1]
+            head.on_inactive()
+            head.flush()
+            for segment in self._segments:
+                segment.close()
+
+    def delete(self) -> None:
+        with self._lock:
+            self._discard_pending(0)
+            for segment in self._segments:
+                segment.delete()
+            self._segments.clear()
+        for leftover in self.directory.iterdir():
+            leftover.unlink()
+        self.directory.rmdir()
+
+
+def _iovecs(buf: Buffer, plan: AppendPlan, leader_epoch: int) -> list[Buffer]:
+    """The buffers to write for `plan`: each batch's stamped or rewritten header, then its
+    unchanged bytes straight from the request buffer (no payload copy)."""
+    view = memoryview(buf)
+    if not plan.stamp:
+        return [view[: plan.size]]
+    iov: list[Buffer] = []
+    for batch in plan.batches:
+        start, stop = batch.position, batch.position + batch.size
+        if batch.header is not None:
+            iov.append(batch.header)
+            iov.append(view[start + HEADER_SIZE : stop])
+        else:
+            iov.append(_PREFIX.pack(batch.base_offset, batch.size - LOG_OVERHEAD, leader_epoch))
+            iov.append(view[start + _PREFIX.size : stop])
+    return iov
+
+
+def _segment_bases(directory: Path) -> list[int]:
+    """Base offsets of the segments in `directory`; index files without a log are removed."""
+    bases = []
+    for path in directory.iterdir():
+        stem, suffix = path.stem, path.suffix
+        if not (len(stem) == 20 and stem.isdigit()):
+            continue
+        if suffix == LOG_SUFFIX:
+            bases.append(int(stem))
+        elif (
+            suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+            and not path.with_suffix(LOG_SUFFIX).exists()
+        ):
+            path.unlink()
+    return sorted(bases)
+
+
+def _delete_segment_files(directory: Path, base: int) -> None:
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)

@@ -1,0 +1,151 @@
+"""The `.log` file of a segment: record batches back to back, appended at a logical end.
+
+The logical size is tracked apart from the file's length because a preallocated head
+segment (log.preallocate) is created at its full capacity and filled in place — by
+positional writes for TCP produce, or through a shared memory mapping for producers that
+place bytes themselves (the RDMA datapaths). Readers never see past the logical size.
+
+The descriptor closes when the file is closed or, after a delete, when the last FileSlice
+still being sent from it is dropped — the same grace Kafka gives in-flight fetches.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from directlog.records.varint import Buffer
+from services.broker.storage.errors import StorageError
+
+_IOV_MAX = 1024
+
+
+class LogFile:
+    def __init__(self, path: Path, *, capacity: int | None = None, create: bool = False) -> None:
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        self._closer = weakref.finalize(self, os.close, self.fd)
+        self.size = 0 if create else os.fstat(self.fd).st_size
+        self.capacity: int | None = None
+        self._mapping: mmap.mmap | None = None
+        if capacity is not None:
+            self.preallocate(capacity)
+
+    @property
+    def length_on_disk(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def preallocate(self, capacity: int) -> None:
+        """Extend the file to `capacity` (sparse, like Kafka's setLength) for in-place writes."""
+        if self.length_on_disk < capacity:
+            os.ftruncate(self.fd, capacity)
+        self.capacity = capacity
+
+    def append(self, iov: list[Buffer]) -> None:
+        """Write the buffers at the logical end. On failure the file is cut back to where it
+        was, so no partial batch is ever left behind, and StorageError is raised."""
+        start = self.size
+        total = sum(len(part) for part in iov)
+        position = start
+        try:
+            for first in range(0, len(iov), _IOV_MAX):
+                chunk = list(iov[first : first + _IOV_MAX])
+                while chunk:
+                    written = os.pwritev(self.fd, chunk, position)
+                    if written <= 0:
+                        raise OSError("pwritev wrote nothing")
+                    position += written
+                    chunk = _advance(chunk, written)
+        except OSError as exc:
+            self._cut(start)
+            raise StorageError(f"append to {self.path} failed: {exc}") from exc
+        assert position == start + total
+        self.size = position
+
+    def region(self, position: int, length: int) -> memoryview:
+        """A writable view of [position, position + length) of the preallocated file."""
+        assert self.capacity is not None and position + length <= self.capacity
+        if self._mapping is None:
+            self._mapping = mmap.mmap(self.fd, self.capacity)
+        return memoryview(self._mapping)[position : position + length]
+
+    def unmap(self) -> None:
+        """Drop the mapping; every region view must have been released."""
+        if self._mapping is not None:
+            self._mapping.close()
+            self._mapping = None
+
+    def advance(self, length: int) -> None:
+        """Extend the logical end over bytes already placed through a region."""
+        assert self.capacity is not None and self.size + length <= self.capacity
+        self.size += length
+
+    def read(self, position: int, length: int) -> bytes:
+        length = max(0, min(length, self.size - position))
+        return os.pread(self.fd, length, position) if length else b""
+
+    def truncate(self, size: int) -> None:
+        """Cut the logical end to `size`. The bytes after it are removed from disk too, even
+        in a preallocated file, so recovery can never find stale batches there."""
+        assert size <= self.size
+        self._cut(size)
+        self.size = size
+
+    def _cut(self, size: int) -> None:
+        self.unmap()
+        os.ftruncate(self.fd, size)
+        if self.capacity is not None:
+            os.ftruncate(self.fd, self.capacity)
+
+    def trim(self) -> None:
+        """Give back preallocated space: the file becomes exactly its logical size."""
+        self.unmap()
+        self.capacity = None
+        if self.length_on_disk != self.size:
+            os.ftruncate(self.fd, self.size)
+
+    def flush(self) -> None:
+        if self._closer.alive:
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        self.unmap()
+        self._closer()
+
+    def delete(self) -> None:
+        """Remove the file; the descriptor lives on while a FileSlice still refers to it."""
+        self.unmap()
+        self.path.unlink(missing_ok=True)
+
+
+def _advance(chunk: list[Buffer], written: int) -> list[Buffer]:
+    """The iovec left after `written` bytes of `chunk` went out."""
+    while chunk and written >= len(chunk[0]):
+        written -= len(chunk[0])
+        chunk = chunk[1:]
+    if chunk and written:
+        chunk = [memoryview(chunk[0])[written:], *chunk[1:]]
+    return chunk
+
+
+@dataclass(slots=True, frozen=True)
+class FileSlice:
+    """A byte range of a segment file holding whole batches, ready for os.sendfile."""
+
+    file: LogFile | None
+    position: int
+    size: int
+
+    def fileno(self) -> int:
+        assert self.file is not None
+        return self.file.fd
+
+    def read(self) -> bytes:
+        return b"" if self.file is None else os.pread(self.file.fd, self.size, self.position)
+
+
+EMPTY_SLICE = FileSlice(None, 0, 0)
