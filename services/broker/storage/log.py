@@ -215,7 +215,7 @@ class PartitionLog:
             if self._pending:
                 raise ReservationStateError("append while reservations are pending")
             plan = self._plan(buf, leader_epoch, assign_offsets)
-            self._maybe_roll(plan.size, plan.last_offset)
+            self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp)
             segment = self._segments[-1]
             position = segment.size
             segment.log.append(_iovecs(buf, plan, leader_epoch))
@@ -240,7 +240,7 @@ class PartitionLog:
                         "head segment full: commit pending reservations first"
                     )
             else:
-                self._maybe_roll(size, self.log_end_offset)
+                self._maybe_roll(size, self.log_end_offset, None)
                 position = self._segments[-1].size
             segment = self._segments[-1]
             reservation = Reservation(segment, position, size, segment.log.region(position, size))
@@ -332,12 +332,13 @@ class PartitionLog:
 
     # Rolling ---------------------------------------------------------------------------
 
-    def _maybe_roll(self, size: int, last_offset: int) -> None:
+    def _maybe_roll(self, size: int, last_offset: int, max_timestamp: int | None) -> None:
         head = self._segments[-1]
         config = self.config
+        waited = head.time_waited_for_roll(max_timestamp, self._clock())
         if (
             head.size > config.segment_bytes - size
-            or (not head.is_empty() and self._clock() - head.roll_base_ms() >= config.segment_ms)
+            or (not head.is_empty() and waited >= config.segment_ms)
             or head.offset_index.size_bytes + OffsetIndex.ENTRY.size > config.segment_index_bytes
             or last_offset - head.base_offset > _INT32_MAX
         ):

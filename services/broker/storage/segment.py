@@ -80,9 +80,14 @@ class LogSegment:
         """Open an existing segment. With `recover`, or when its indexes fail their sanity
         check, every batch is validated and the indexes rebuilt; returns whether bytes had
         to be cut from the end."""
-        path = directory / (segment_name(base_offset) + LOG_SUFFIX)
-        segment = cls(directory, base_offset, LogFile(path), index_interval, now_ms)
-        if not recover:
+        name = segment_name(base_offset)
+        indexes_present = all(
+            (directory / (name + suffix)).exists() for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+        )
+        segment = cls(
+            directory, base_offset, LogFile(directory / (name + LOG_SUFFIX)), index_interval, now_ms
+        )
+        if not recover and indexes_present:
             indexes_ok = segment.offset_index.load() and segment.time_index.load()
             if indexes_ok and segment.offset_index.last_position_within(segment.log.size):
                 try:
@@ -105,11 +110,13 @@ class LogSegment:
             return self.max_timestamp
         return int(os.stat(self.log.path).st_mtime * 1000)
 
-    def roll_base_ms(self) -> int:
-        """What segment.ms counts from: the first batch's timestamp, as Kafka does."""
-        if self.first_batch_timestamp != NO_TIMESTAMP:
-            return self.first_batch_timestamp
-        return self.created_ms
+    def time_waited_for_roll(self, incoming_timestamp: int | None, now_ms: int) -> int:
+        """What segment.ms is compared with. As in Kafka, record time when both the first
+        batch and the incoming data carry timestamps (so producers whose clocks differ from
+        the broker's do not roll a segment per append), else wall time since creation."""
+        if self.first_batch_timestamp != NO_TIMESTAMP and incoming_timestamp is not None:
+            return incoming_timestamp - self.first_batch_timestamp
+        return now_ms - self.created_ms
 
     # Appending -------------------------------------------------------------------------
 

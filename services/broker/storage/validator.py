@@ -56,6 +56,10 @@ class AppendPlan:
         return self.batches[-1].last_offset
 
     @property
+    def max_timestamp(self) -> int:
+        return max(batch.max_timestamp for batch in self.batches)
+
+    @property
     def records(self) -> int:
         return sum(batch.records for batch in self.batches)
 

@@ -1,0 +1,30 @@
+"""Topic names and topic-partition identifiers, as Kafka defines them."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+MAX_TOPIC_NAME = 249
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+def topic_name_error(name: str) -> str | None:
+    """Why `name` is not a legal Kafka topic name, or None if it is."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name cannot be {name!r}"
+    if len(name) > MAX_TOPIC_NAME:
+        return f"topic name is {len(name)} characters, the limit is {MAX_TOPIC_NAME}"
+    if not _LEGAL.fullmatch(name):
+        return f"topic name {name!r} has characters outside [a-zA-Z0-9._-]"
+    return None

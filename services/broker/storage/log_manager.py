@@ -1,0 +1,160 @@
+"""A log directory: one sub-directory `<topic>-<partition>` per partition log, plus the
+files that describe them all.
+
+    .lock                              held (flock) while a broker owns the directory
+    .clean-shutdown                    present only after a clean close: skip recovery
+    recovery-point-offset-checkpoint   offsets below which data is known to be on disk
+    log-start-offset-checkpoint        first offset still readable in each log
+    replication-offset-checkpoint      high watermark of each log
+
+The manager does one round of each periodic duty on request (flush what flush.ms says is
+due, apply retention, write checkpoints); the broker's scheduler decides when.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from directlog.topics import TopicPartition, topic_name_error
+from services.broker.storage.checkpoint import OffsetCheckpointFile
+from services.broker.storage.config import LogConfig
+from services.broker.storage.errors import StorageError
+from services.broker.storage.log import Clock, PartitionLog, wall_clock_ms
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
+
+ConfigFor = Callable[[str], LogConfig]
+
+
+class LogManager:
+    def __init__(self, log_dir: Path, config_for: ConfigFor, clock: Clock, lock_fd: int) -> None:
+        self.log_dir = log_dir
+        self._config_for = config_for
+        self._clock = clock
+        self._lock_fd = lock_fd
+        self.logs: dict[TopicPartition, PartitionLog] = {}
+        self._recovery_points = OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT)
+        self._log_starts = OffsetCheckpointFile(log_dir / LOG_START_CHECKPOINT)
+        self._high_watermarks = OffsetCheckpointFile(log_dir / HIGH_WATERMARK_CHECKPOINT)
+
+    @classmethod
+    def open(
+        cls, log_dir: Path, config_for: ConfigFor | None = None, *, clock: Clock = wall_clock_ms
+    ) -> LogManager:
+        """Take the directory, load every partition log (recovering them if the last
+        shutdown was not clean) and remove the clean-shutdown marker."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(lock_fd)
+            raise StorageError(f"{log_dir} is in use by another process") from exc
+        manager = cls(log_dir, config_for or (lambda topic: LogConfig()), clock, lock_fd)
+        manager._load()
+        return manager
+
+    def _load(self) -> None:
+        marker = self.log_dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        for leftover in self.log_dir.glob("*.tmp"):
+            leftover.unlink()
+        recovery_points = self._recovery_points.read()
+        log_starts = self._log_starts.read()
+        high_watermarks = self._high_watermarks.read()
+        for path in sorted(self.log_dir.iterdir()):
+            tp = parse_log_dir_name(path.name) if path.is_dir() else None
+            if tp is None:
+                continue
+            self.logs[tp] = PartitionLog.open(
+                path,
+                self._config_for(tp.topic),
+                log_start_offset=log_starts.get(tp, 0),
+                recovery_point=recovery_points.get(tp, 0),
+                high_watermark=high_watermarks.get(tp, 0),
+                clean_shutdown=clean,
+                clock=self._clock,
+            )
+        if not clean:
+            log.info(
+                "recovered %d logs in %s after an unclean shutdown", len(self.logs), self.log_dir
+            )
+        marker.unlink(missing_ok=True)
+        self.checkpoint()
+
+    def get(self, tp: TopicPartition) -> PartitionLog | None:
+        return self.logs.get(tp)
+
+    def create(self, tp: TopicPartition, config: LogConfig | None = None) -> PartitionLog:
+        """The log of `tp`, created empty if it does not exist yet."""
+        existing = self.logs.get(tp)
+        if existing is not None:
+            return existing
+        problem = topic_name_error(tp.topic)
+        if problem is not None or tp.partition < 0:
+            raise ValueError(problem or f"partition {tp.partition} is negative")
+        created = PartitionLog.open(
+            self.log_dir / str(tp), config or self._config_for(tp.topic), clock=self._clock
+        )
+        self.logs[tp] = created
+        return created
+
+    def delete(self, tp: TopicPartition) -> None:
+        removed = self.logs.pop(tp, None)
+        if removed is not None:
+            removed.delete()
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        logs = list(self.logs.items())
+        self._recovery_points.write({tp: p.recovery_point for tp, p in logs})
+        self._log_starts.write({tp: p.log_start_offset for tp, p in logs})
+        self._high_watermarks.write({tp: p.high_watermark for tp, p in logs})
+
+    def flush_due(self) -> int:
+        """Flush every log whose flush.ms has passed; returns how many were flushed."""
+        flushed = sum(1 for p in list(self.logs.values()) if p.flush_if_due())
+        if flushed:
+            self._recovery_points.write({tp: p.recovery_point for tp, p in self.logs.items()})
+        return flushed
+
+    def enforce_retention(self) -> int:
+        """Apply retention.ms and retention.bytes to every log; returns segments deleted."""
+        deleted = sum(p.delete_retained_segments() for p in list(self.logs.values()))
+        if deleted:
+            self._log_starts.write({tp: p.log_start_offset for tp, p in self.logs.items()})
+        return deleted
+
+    def close(self) -> None:
+        """Flush and close every log, write the checkpoints and mark the shutdown clean."""
+        for partition_log in self.logs.values():
+            partition_log.close()
+        self.checkpoint()
+        marker = self.log_dir / CLEAN_SHUTDOWN_FILE
+        marker.touch()
+        fd = os.open(self.log_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.logs.clear()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+
+def parse_log_dir_name(name: str) -> TopicPartition | None:
+    """`orders-3` -> TopicPartition("orders", 3); None for anything that is not a log."""
+    topic, sep, partition = name.rpartition("-")
+    if not sep or not partition.isdigit() or topic_name_error(topic) is not None:
+        return None
+    return TopicPartition(topic, int(partition))
