@@ -6,7 +6,10 @@ import os
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, derandomize=True,
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=150, deadline=None)

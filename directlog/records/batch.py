@@ -15,6 +15,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -66,9 +67,8 @@ class TimestampType(IntEnum):
     LOG_APPEND_TIME = 1
 
 
-@dataclass(slots=True, frozen=True)
-class BatchHeader:
-    """The fixed 61-byte header of one record batch."""
+class BatchHeader(NamedTuple):
+    """The fixed 61-byte header of one record batch (a tuple: it is built on every append)."""
 
     base_offset: int
     batch_length: int
@@ -154,7 +154,7 @@ def read_header(buf: Buffer, pos: int = 0, limit: int | None = None) -> BatchHea
         raise CorruptRecordError(
             f"batch at byte {pos}: {available} bytes left, a header needs {HEADER_SIZE}"
         )
-    header = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    header = BatchHeader._make(_HEADER.unpack_from(buf, pos))
     if header.magic != MAGIC:
         raise UnsupportedMagicError(f"magic {header.magic} at byte {pos}, expected 2")
     if header.batch_length < MIN_BATCH_LENGTH:
@@ -174,7 +174,8 @@ def read_header(buf: Buffer, pos: int = 0, limit: int | None = None) -> BatchHea
         raise InvalidRecordError(
             f"batch at byte {pos}: negative last offset delta {header.last_offset_delta}"
         )
-    Compression.from_attributes(header.attributes)
+    if header.attributes & COMPRESSION_MASK > Compression.ZSTD:
+        Compression.from_attributes(header.attributes)  # raises, naming the codec id
     return header
 
 

@@ -52,6 +52,8 @@ def decode_varint(
         pos += 1
         unsigned |= (byte & 0x7F) << shift
         if byte < 0x80:
+            if unsigned >> (32 if max_bytes == MAX_VARINT_BYTES else 64):
+                raise CorruptRecordError(f"varint at byte {start} overflows its type")
             return (unsigned >> 1) ^ -(unsigned & 1), pos
         shift += 7
         if pos - start >= max_bytes:

@@ -172,8 +172,11 @@ def test_offset_index_has_an_entry_per_interval_at_batch_starts(open_log):
     assert 8 <= len(index) <= 50 * size // 500
     for offset, position in zip(index.keys, index.values, strict=True):
         assert position == offset * size  # one-record batches of equal size
+    log.flush()  # entries reach the file when the segment is flushed, rolled or closed
     raw = index.path.read_bytes()
+    assert len(raw) == 8 * len(index)
     assert struct.unpack_from(">ii", raw, 0) == (index.keys[0], index.values[0])
+    assert struct.unpack_from(">ii", raw, len(raw) - 8) == (index.keys[-1], index.values[-1])
 
 
 def test_time_lookup_finds_the_first_record_at_or_after_a_timestamp(open_log):

@@ -1,10 +1,11 @@
 """Common mechanics of the two sparse index files of a segment.
 
 An index is an append-only file of fixed-size big-endian entries, mirrored in memory as
-two parallel arrays (key, value) kept sorted by key so lookups are a bisect. Entries are
-appended with one small write each (one entry per index.interval.bytes of log), made
-durable by flush(), and cut by truncate(). A file that fails its sanity check on load is
-rebuilt from the log by the segment, never trusted.
+two parallel arrays (key, value) kept sorted by key so lookups are a bisect. Appends touch
+only memory; the file catches up in one write when the segment is flushed, rolled or closed.
+That is safe because an index is only trusted after a clean shutdown: after a crash every
+segment past the recovery point (the only ones with unwritten entries) is recovered and its
+indexes rebuilt from the log. A file that fails its sanity check is rebuilt the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class IndexFile(ABC):
         self.keys = array("q")
         self.values = array("q")
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._written = os.fstat(self._fd).st_size // self.ENTRY.size  # entries in the file
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -40,6 +42,7 @@ class IndexFile(ABC):
         if len(data) % self.ENTRY.size:
             self.reset()
             return False
+        self._written = len(data) // self.ENTRY.size
         for entry in self.ENTRY.iter_unpack(data):
             key, value = self._decode(*entry)
             self.keys.append(key)
@@ -66,7 +69,16 @@ class IndexFile(ABC):
     def append_entry(self, key: int, value: int) -> None:
         self.keys.append(key)
         self.values.append(value)
-        os.pwrite(self._fd, self._encode(key, value), (len(self.keys) - 1) * self.ENTRY.size)
+
+    def write_pending(self) -> None:
+        """Write the entries appended since the last call to the file."""
+        entries = len(self.keys)
+        if entries > self._written:
+            pending = b"".join(
+                self._encode(self.keys[i], self.values[i]) for i in range(self._written, entries)
+            )
+            os.pwrite(self._fd, pending, self._written * self.ENTRY.size)
+            self._written = entries
 
     def floor(self, key: int) -> int:
         """Index of the last entry whose key is <= key, or -1."""
@@ -76,22 +88,30 @@ class IndexFile(ABC):
         """Keep the first `entries` entries."""
         del self.keys[entries:]
         del self.values[entries:]
-        os.ftruncate(self._fd, entries * self.ENTRY.size)
+        if entries < self._written:
+            os.ftruncate(self._fd, entries * self.ENTRY.size)
+            self._written = entries
 
     def reset(self) -> None:
         self.truncate(0)
 
     def flush(self) -> None:
+        self.write_pending()
         os.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            self.write_pending()
+            self._close_fd()
 
     def delete(self) -> None:
-        self.close()
+        self._close_fd()
         self.path.unlink(missing_ok=True)
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _read_all(fd: int) -> bytes:

@@ -21,6 +21,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from directlog.records.batch import (
     HEADER_SIZE,
@@ -55,8 +56,7 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(slots=True, frozen=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     first_offset: int
     last_offset: int
     records: int

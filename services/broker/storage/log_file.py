@@ -49,22 +49,23 @@ class LogFile:
         """Write the buffers at the logical end. On failure the file is cut back to where it
         was, so no partial batch is ever left behind, and StorageError is raised."""
         start = self.size
-        total = sum(len(part) for part in iov)
-        position = start
+        total = sum(map(len, iov))
         try:
-            for first in range(0, len(iov), _IOV_MAX):
-                chunk = list(iov[first : first + _IOV_MAX])
-                while chunk:
+            written = os.pwritev(self.fd, iov, start) if len(iov) <= _IOV_MAX else 0
+            position = start + written
+            if written != total:  # a short write, or too many buffers for one call
+                remaining = _advance(iov, written)
+                while remaining:
+                    chunk = remaining[:_IOV_MAX]
                     written = os.pwritev(self.fd, chunk, position)
                     if written <= 0:
                         raise OSError("pwritev wrote nothing")
                     position += written
-                    chunk = _advance(chunk, written)
+                    remaining = _advance(remaining, written)
         except OSError as exc:
             self._cut(start)
             raise StorageError(f"append to {self.path} failed: {exc}") from exc
-        assert position == start + total
-        self.size = position
+        self.size = start + total
 
     def region(self, position: int, length: int) -> memoryview:
         """A writable view of [position, position + length) of the preallocated file."""

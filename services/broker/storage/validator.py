@@ -10,9 +10,17 @@ it byte-for-byte unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
+
+from crc32c import crc32c
 
 from directlog.records.batch import (
+    ATTRIBUTES_AT,
+    COMPRESSION_MASK,
+    CONTROL_FLAG,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    NO_TIMESTAMP,
     TIMESTAMP_TYPE_FLAG,
     TimestampType,
     read_header,
@@ -29,8 +37,7 @@ from services.broker.storage.errors import InvalidTimestampError, MessageTooLarg
 MAX_DECOMPRESSED = 64 << 20  # bound on the inflated records of one compressed batch
 
 
-@dataclass(slots=True, frozen=True)
-class BatchPlan:
+class BatchPlan(NamedTuple):
     position: int  # in the validated buffer
     size: int
     base_offset: int
@@ -40,10 +47,11 @@ class BatchPlan:
     header: bytes | None  # a rewritten 61-byte header, or None: stamp offset and epoch only
 
 
-@dataclass(slots=True, frozen=True)
-class AppendPlan:
+class AppendPlan(NamedTuple):
     batches: list[BatchPlan]
     size: int
+    records: int
+    max_timestamp: int
     stamp: bool  # False for replicated batches, written exactly as the leader has them
     log_append_time: int  # -1 unless the topic uses LogAppendTime
 
@@ -54,14 +62,6 @@ class AppendPlan:
     @property
     def last_offset(self) -> int:
         return self.batches[-1].last_offset
-
-    @property
-    def max_timestamp(self) -> int:
-        return max(batch.max_timestamp for batch in self.batches)
-
-    @property
-    def records(self) -> int:
-        return sum(batch.records for batch in self.batches)
 
 
 def plan_append(
@@ -84,41 +84,48 @@ def plan_append(
         raise InvalidRecordError("append carries no record batches")
     log_append = config.message_timestamp_type is TimestampType.LOG_APPEND_TIME
     batches: list[BatchPlan] = []
+    records = 0
+    largest_timestamp = NO_TIMESTAMP
     position = 0
     while position < end:
         header = read_header(view, position, end)
-        if assign_offsets and header.size > config.max_message_bytes:
+        size = header.batch_length + LOG_OVERHEAD
+        if assign_offsets and size > config.max_message_bytes:
             raise MessageTooLargeError(
-                f"batch of {header.size} bytes exceeds max.message.bytes {config.max_message_bytes}"
+                f"batch of {size} bytes exceeds max.message.bytes {config.max_message_bytes}"
             )
-        verify_crc(view, position, header)
-        data = records_area(view, position, header, MAX_DECOMPRESSED)
+        if crc32c(view[position + ATTRIBUTES_AT : position + size]) != header.crc:
+            verify_crc(view, position, header)  # raises, naming both values
         count = header.records_count
         if assign_offsets:
             if count == 0:
                 raise InvalidRecordError("batch has no records")
-            if header.is_control:
+            if header.attributes & CONTROL_FLAG:
                 raise InvalidRecordError("producers may not write control batches")
             if header.last_offset_delta != count - 1:
                 raise InvalidRecordError(
                     f"last offset delta {header.last_offset_delta} disagrees with {count} records"
                 )
-        min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
+        if header.attributes & COMPRESSION_MASK:
+            data = records_area(view, position, header, MAX_DECOMPRESSED)
+            min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
+        else:
+            min_delta, max_delta = scan_records(
+                view, position + HEADER_SIZE, position + size, count, assign_offsets
+            )
         if not assign_offsets:
             if header.base_offset < next_offset:
                 raise InvalidRecordError(
                     f"replicated batch at offset {header.base_offset} is below {next_offset}"
                 )
-            batches.append(
-                BatchPlan(
-                    position,
-                    header.size,
-                    header.base_offset,
-                    header.last_offset,
-                    count,
-                    header.max_timestamp,
-                    None,
-                )
+            plan = BatchPlan(
+                position,
+                size,
+                header.base_offset,
+                header.last_offset,
+                count,
+                header.max_timestamp,
+                None,
             )
         else:
             if log_append:
@@ -144,22 +151,23 @@ def plan_append(
                     attributes=attributes,
                     max_timestamp=max_timestamp,
                 )
-            batches.append(
-                BatchPlan(
-                    position,
-                    header.size,
-                    next_offset,
-                    next_offset + count - 1,
-                    count,
-                    max_timestamp,
-                    new_header,
-                )
+            plan = BatchPlan(
+                position,
+                size,
+                next_offset,
+                next_offset + count - 1,
+                count,
+                max_timestamp,
+                new_header,
             )
-        next_offset = batches[-1].last_offset + 1
-        position += header.size
-    return AppendPlan(
-        batches, position, assign_offsets, now_ms if log_append and assign_offsets else -1
-    )
+        batches.append(plan)
+        records += count
+        if plan.max_timestamp > largest_timestamp:
+            largest_timestamp = plan.max_timestamp
+        next_offset = plan.last_offset + 1
+        position += size
+    append_time = now_ms if log_append and assign_offsets else -1
+    return AppendPlan(batches, position, records, largest_timestamp, assign_offsets, append_time)
 
 
 def _check_timestamps(smallest: int, largest: int, now_ms: int, config: LogConfig) -> None:
