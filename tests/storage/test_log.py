@@ -3,6 +3,8 @@ truncation and flushing, each checked on the records and files it produces."""
 
 from __future__ import annotations
 
+import os
+import socket
 import struct
 from pathlib import Path
 
@@ -397,3 +399,27 @@ def test_clean_reopen_restores_state_without_recovery(open_log, clock):
     assert reopened.log_end_offset == 50
     assert [r.offset for r in read_all(reopened)] == list(range(50))
     assert reopened.append(batch([b"next"])).first_offset == 50
+
+
+def test_read_slices_go_straight_to_a_socket_with_sendfile(open_log):
+    log = open_log(LogConfig(segment_bytes=4096))
+    for i in range(40):
+        log.append(batch([b"record-%d" % i * 8]))
+    sender, receiver = socket.socketpair()
+    with sender, receiver:
+        offset, received = 0, []
+        while offset < log.log_end_offset:
+            chunk = log.read(offset, 2000).records
+            sent = 0
+            while sent < chunk.size:
+                sent += os.sendfile(
+                    sender.fileno(), chunk.fileno(), chunk.position + sent, chunk.size - sent
+                )
+            data = b""
+            while len(data) < chunk.size:
+                data += receiver.recv(chunk.size - len(data))
+            for position, header in iter_batches(data):
+                verify_crc(data, position, header)
+                received += decode_records(data, position, header)
+            offset = received[-1].offset + 1
+    assert [r.value for r in received] == [b"record-%d" % i * 8 for i in range(40)]
