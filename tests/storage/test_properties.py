@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -50,8 +49,8 @@ def open_in(directory: Path, **kwargs) -> PartitionLog:
 
 @given(batch_specs, st.booleans())
 def test_append_read_restart_round_trip(specs, clean):
-    directory = Path(tempfile.mkdtemp())
-    try:
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
         log = open_in(directory)
         expected = append_all(log, specs)
         assert read_all(log) == expected
@@ -61,14 +60,12 @@ def test_append_read_restart_round_trip(specs, clean):
         assert reopened.log_end_offset == len(expected)
         assert read_all(reopened) == expected
         reopened.close()
-    finally:
-        shutil.rmtree(directory)
 
 
 @given(batch_specs, st.data())
 def test_reads_are_whole_batches_within_their_bounds(specs, data):
-    directory = Path(tempfile.mkdtemp())
-    try:
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
         log = open_in(directory)
         append_all(log, specs)
         offset = data.draw(st.integers(0, log.log_end_offset))
@@ -85,14 +82,12 @@ def test_reads_are_whole_batches_within_their_bounds(specs, data):
         else:  # batches are never split: one straddling `upper` is withheld whole
             assert headers == []
         assert all(h.last_offset < upper for h in headers)
-    finally:
-        shutil.rmtree(directory)
 
 
 @given(batch_specs, st.data())
 def test_random_tail_damage_is_cut_and_never_served(specs, data):
-    directory = Path(tempfile.mkdtemp())
-    try:
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
         log = open_in(directory)
         expected = append_all(log, specs)
         head = log.segments[-1]
@@ -123,14 +118,12 @@ def test_random_tail_damage_is_cut_and_never_served(specs, data):
             chunk = segment.log.read(0, segment.size)
             for p, header in iter_batches(chunk):
                 verify_crc(chunk, p, header)
-    finally:
-        shutil.rmtree(directory)
 
 
 @given(st.binary(max_size=400))
 def test_arbitrary_bytes_are_refused_cleanly(garbage):
-    directory = Path(tempfile.mkdtemp())
-    try:
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
         log = open_in(directory)
         log.append(build_batch([Record(0, T0, None, b"kept")]))
         before = tree_digest(directory)
@@ -142,5 +135,3 @@ def test_arbitrary_bytes_are_refused_cleanly(garbage):
             assert [r.value for r in read_all(log)] == [b"kept"]
         else:
             raise AssertionError(f"accepted garbage {garbage!r}")
-    finally:
-        shutil.rmtree(directory)
