@@ -6,7 +6,8 @@ same filesystem, measured side by side in one run.
 For each batch size the rounds alternate: raw `os.write` of same-sized buffers, raw 1 MiB
 writes, our `PartitionLog.append` (header checks, CRC32C, record framing scan, offset
 stamping, index upkeep) and our reserve/commit path (copy into the mapped preallocated
-head segment, validate in place). Neither side fsyncs: the flush policy is separate, so
+head segment, validate in place). Neither side fsyncs (a sync between measurements keeps
+writeback of one out of the next): the flush policy is separate, so
 both measure the page-cache write path. Best round of each is reported, with ratios of
 ours over each raw figure. A JSON line with every figure closes the output, and the same
 JSON goes to bench/results/storage.json.
@@ -66,14 +67,16 @@ class Measurement:
         return self.nbytes / elapsed
 
 
-def raw_writes(path: Path, chunk: bytes, count: int) -> Measurement:
+def raw_writes(path: Path, chunks: list[bytes], count: int) -> Measurement:
+    """`count` os.write calls cycling through `chunks`: the same bytes our side writes."""
+
     def run(fd: object) -> None:
         assert isinstance(fd, int)
-        for _ in range(count):
-            os.write(fd, chunk)
+        for i in range(count):
+            os.write(fd, chunks[i % len(chunks)])
 
     return Measurement(
-        count * len(chunk),
+        sum(len(chunks[i % len(chunks)]) for i in range(count)),
         lambda: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
         run,
         lambda fd: os.close(fd),  # type: ignore[arg-type]
@@ -114,8 +117,8 @@ def reserved_commits(directory: Path, pool: list[bytes], count: int) -> Measurem
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("data"), help="filesystem to measure")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--mib", type=int, default=512, help="MiB written per measurement")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=256, help="MiB written per measurement")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=args.dir))
@@ -129,8 +132,8 @@ def main() -> None:
             best = {"raw_same_size": 0.0, "raw_1MiB": 0.0, "append": 0.0, "reserve_commit": 0.0}
             for _ in range(args.rounds):
                 runs = {
-                    "raw_same_size": raw_writes(work / "raw", pool[0], count),
-                    "raw_1MiB": raw_writes(work / "raw", big, count * batch_size // len(big)),
+                    "raw_same_size": raw_writes(work / "raw", pool, count),
+                    "raw_1MiB": raw_writes(work / "raw", [big], count * batch_size // len(big)),
                     "append": log_appends(work / f"log-{name}", pool, count),
                     "reserve_commit": reserved_commits(work / f"rlog-{name}", pool, count),
                 }
@@ -138,6 +141,7 @@ def main() -> None:
                     best[key] = max(best[key], measurement.throughput())
                     for leftover in work.iterdir():
                         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+                    os.sync()  # start each measurement without a writeback backlog
             same, large = best["raw_same_size"], best["raw_1MiB"]
             f = {
                 "batch_bytes": batch_size,
