@@ -70,6 +70,13 @@ class LogRead:
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+    first_offset: int = -1  # base offset of the first batch in `records`
+    next_offset: int = -1  # offset after the last batch in `records`
+
+    @property
+    def offsets(self) -> int:
+        """Offsets the slice spans (its record count unless compaction left gaps)."""
+        return max(self.next_offset - self.first_offset, 0)
 
 
 @dataclass(eq=False, slots=True)
@@ -390,9 +397,10 @@ class PartitionLog:
             if found is None:
                 continue
             position = found[0]
-            stop = segment.slice_end(position, max_bytes, upper, min_one_batch)
+            stop, next_offset = segment.slice_end(position, max_bytes, upper, min_one_batch)
             if stop > position:
-                return LogRead(FileSlice(segment.log, position, stop - position), hw, start, end)
+                records = FileSlice(segment.log, position, stop - position)
+                return LogRead(records, hw, start, end, found[1].base_offset, next_offset)
             break
         return LogRead(EMPTY_SLICE, hw, start, end)
 

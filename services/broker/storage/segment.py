@@ -179,27 +179,33 @@ class LogSegment:
                 return batch_position, header
         return None
 
-    def slice_end(self, start: int, max_bytes: int, upper_offset: int, min_one_batch: bool) -> int:
-        """End of a read from batch boundary `start`: whole batches only, at most max_bytes
-        (but at least one batch if min_one_batch), none holding offsets >= upper_offset."""
-        limit = self.log.size
+    def slice_end(
+        self, start: int, max_bytes: int, upper_offset: int, min_one_batch: bool
+    ) -> tuple[int, int]:
+        """(end position, next offset after the slice) of a read from the batch starting at
+        `start`: whole batches only, at most max_bytes (but at least one batch if
+        min_one_batch), none holding offsets >= upper_offset."""
+        limit, limit_offset = self.log.size, self.next_offset
         if upper_offset < self.next_offset:
             found = self.locate(upper_offset)
             if found is not None:
-                limit = found[0]
+                limit, limit_offset = found[0], found[1].base_offset
         if start >= limit:
-            return start
+            return start, limit_offset
         target = start + max_bytes
         if target >= limit:
-            return limit
+            return limit, limit_offset
         end = max(self.offset_index.lookup_position(target), start)
+        next_offset = -1
         for position, header in self.headers_from(end, limit):
             if position + header.size > target:
                 if end == start and min_one_batch and position == start:
-                    end = start + header.size
+                    end, next_offset = start + header.size, header.next_offset
+                elif next_offset < 0:
+                    next_offset = header.base_offset
                 break
-            end = position + header.size
-        return end
+            end, next_offset = position + header.size, header.next_offset
+        return end, next_offset
 
     def find_timestamp(self, timestamp: int, upper_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after `timestamp` below upper_offset."""

@@ -1,0 +1,185 @@
+"""The Kafka APIs Directlog serves, request and response headers.
+
+Version ranges are those of Apache Kafka 3.7 for each API served, so clients that infer the
+broker's release from ApiVersions (kafka-python) see 3.7, and librdkafka finds Produce and
+Fetch from version 0. APIs Directlog does not serve yet are not advertised at all.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from directlog.records.errors import CorruptRecordError
+from directlog.records.varint import Buffer
+
+with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.admin import (
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+        DeleteTopicsRequest,
+        DeleteTopicsResponse,
+        DescribeClusterRequest,
+        DescribeClusterResponse,
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+    from kafka.protocol.consumer import (
+        FetchRequest,
+        FetchResponse,
+        ListOffsetsRequest,
+        ListOffsetsResponse,
+    )
+    from kafka.protocol.metadata import (
+        ApiVersionsRequest,
+        ApiVersionsResponse,
+        MetadataRequest,
+        MetadataResponse,
+    )
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+
+class ApiKey(IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_CLUSTER = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: ApiKey
+    request: Any  # kafka-python message classes
+    response: Any
+    min_version: int
+    max_version: int
+
+    def flexible(self, version: int) -> bool:
+        return bool(self.request.flexible_version_q(version))
+
+
+APIS: dict[int, Api] = {
+    api.key: api
+    for api in (
+        Api(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, 0, 10),
+        Api(ApiKey.FETCH, FetchRequest, FetchResponse, 0, 16),
+        Api(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse, 0, 8),
+        Api(ApiKey.METADATA, MetadataRequest, MetadataResponse, 0, 12),
+        Api(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
+        Api(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse, 0, 7),
+        Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
+        Api(ApiKey.DESCRIBE_CONFIGS, DescribeConfigsRequest, DescribeConfigsResponse, 0, 4),
+        Api(ApiKey.CREATE_PARTITIONS, CreatePartitionsRequest, CreatePartitionsResponse, 0, 3),
+        Api(
+            ApiKey.INCREMENTAL_ALTER_CONFIGS,
+            IncrementalAlterConfigsRequest,
+            IncrementalAlterConfigsResponse,
+            0,
+            1,
+        ),
+        Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
+    )
+}
+
+_FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+_INT16 = struct.Struct(">h")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    size: int  # bytes the header takes; the body follows
+
+    @property
+    def api(self) -> Api | None:
+        return APIS.get(self.api_key)
+
+
+def parse_request_header(frame: Buffer) -> RequestHeader:
+    """Parse the request header (v1, or v2 with tagged fields for flexible versions).
+
+    Every length is bounded by the frame. For an API or version Directlog does not serve,
+    the header is still parsed as v1 so the caller can answer with the correlation id."""
+    if len(frame) < _FIXED.size + 2:
+        raise CorruptRecordError(f"request of {len(frame)} bytes is shorter than a header")
+    api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
+    (length,) = _INT16.unpack_from(frame, _FIXED.size)
+    position = _FIXED.size + 2
+    client_id = None
+    if length >= 0:
+        if position + length > len(frame):
+            raise CorruptRecordError(f"client id of {length} bytes runs past the request")
+        client_id = bytes(frame[position : position + length]).decode("utf-8", "replace")
+        position += length
+    elif length != -1:
+        raise CorruptRecordError(f"client id length {length}")
+    api = APIS.get(api_key)
+    if (
+        api is not None
+        and api.min_version <= api_version <= api.max_version
+        and api.flexible(api_version)
+    ):
+        position = _skip_tagged_fields(frame, position)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, position)
+
+
+def _skip_tagged_fields(frame: Buffer, position: int) -> int:
+    count, position = _read_uvarint(frame, position)
+    for _ in range(count):
+        _, position = _read_uvarint(frame, position)
+        size, position = _read_uvarint(frame, position)
+        position += size
+        if position > len(frame):
+            raise CorruptRecordError("tagged field runs past the request header")
+    return position
+
+
+def _read_uvarint(frame: Buffer, position: int) -> tuple[int, int]:
+    value = shift = 0
+    for _ in range(5):
+        if position >= len(frame):
+            raise CorruptRecordError("truncated varint in the request header")
+        byte = frame[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+    raise CorruptRecordError("varint longer than 5 bytes in the request header")
+
+
+def response_header(header: RequestHeader) -> bytes:
+    """Response header v0 (correlation id), or v1 (plus empty tagged fields) for flexible
+    versions — except ApiVersions, which always answers with v0 so any client can read it."""
+    api = header.api
+    flexible = (
+        api is not None
+        and header.api_key != ApiKey.API_VERSIONS
+        and api.min_version <= header.api_version <= api.max_version
+        and api.flexible(header.api_version)
+    )
+    correlation = header.correlation_id.to_bytes(4, "big", signed=True)
+    return correlation + b"\x00" if flexible else correlation
+
+
+def encode_response(header: RequestHeader, response: Any) -> bytes:
+    """Header and body of the answer to `header`, without the size prefix."""
+    return response_header(header) + bytes(response.encode(version=header.api_version))

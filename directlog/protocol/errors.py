@@ -1,0 +1,40 @@
+"""Kafka error codes (the numbers every client knows) and an error that carries one."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    INVALID_REQUIRED_ACKS = 21
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_CONFIG = 40
+    INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    KAFKA_STORAGE_ERROR = 56
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+    INVALID_RECORD = 87
+    UNKNOWN_TOPIC_ID = 100
+
+
+class KafkaError(Exception):
+    """An error that maps to one Kafka error code, raised by handlers for per-item failures."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code

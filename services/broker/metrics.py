@@ -1,0 +1,128 @@
+"""Prometheus metrics of a broker, served at http://<host>:<metrics port>/metrics.
+
+Counters and histograms are updated on the request path; per-partition offsets and sizes
+are read from the logs when Prometheus scrapes, so appends pay nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from directlog.protocol.errors import ErrorCode
+from services.broker.storage.log_manager import LogManager
+
+_LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "directlog_broker_requests",
+            "Requests handled, by API and version",
+            ["api", "version"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "directlog_broker_request_latency_seconds",
+            "Time from a whole request frame to its response sent, by API",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "directlog_broker_request_errors",
+            "Error codes answered, by API and Kafka error name",
+            ["api", "code"],
+            registry=r,
+        )
+        self.bytes_in = Counter(
+            "directlog_broker_bytes_in", "Record bytes appended", ["topic"], registry=r
+        )
+        self.records_in = Counter(
+            "directlog_broker_records_in", "Records appended", ["topic"], registry=r
+        )
+        self.bytes_out = Counter(
+            "directlog_broker_bytes_out", "Record bytes sent to fetchers", ["topic"], registry=r
+        )
+        self.records_out = Counter(
+            "directlog_broker_records_out", "Records sent to fetchers", ["topic"], registry=r
+        )
+        self.connections = Gauge(
+            "directlog_broker_open_connections", "Client connections open", registry=r
+        )
+        self.closed_for_bad_input = Counter(
+            "directlog_broker_connections_closed_for_bad_input",
+            "Connections closed because their bytes could not be read as Kafka requests",
+            registry=r,
+        )
+
+    def watch_logs(self, logs: LogManager) -> None:
+        self.registry.register(_LogCollector(lambda: logs))
+
+    def produced(self, topic: str, records: int, size: int) -> None:
+        self.records_in.labels(topic).inc(records)
+        self.bytes_in.labels(topic).inc(size)
+
+    def fetched(self, topic: str, records: int, size: int) -> None:
+        self.records_out.labels(topic).inc(records)
+        self.bytes_out.labels(topic).inc(size)
+
+    def request_error(self, api: str, code: ErrorCode) -> None:
+        self.errors.labels(api, code.name).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the /metrics HTTP server on a thread; returns the port it listens on."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_address[1])
+
+
+class _LogCollector(Collector):
+    def __init__(self, logs: Callable[[], LogManager]) -> None:
+        self._logs = logs
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition"]
+        end = GaugeMetricFamily(
+            "directlog_broker_log_end_offset", "Next offset to be appended", labels=labels
+        )
+        start = GaugeMetricFamily(
+            "directlog_broker_log_start_offset", "First readable offset", labels=labels
+        )
+        hw = GaugeMetricFamily(
+            "directlog_broker_high_watermark",
+            "Offset below which records are readable",
+            labels=labels,
+        )
+        size = GaugeMetricFamily(
+            "directlog_broker_log_size_bytes", "Bytes in the partition's segments", labels=labels
+        )
+        for tp, log in list(self._logs().logs.items()):
+            key = [tp.topic, str(tp.partition)]
+            end.add_metric(key, log.log_end_offset)
+            start.add_metric(key, log.log_start_offset)
+            hw.add_metric(key, log.high_watermark)
+            size.add_metric(key, log.size_bytes)
+        yield from (end, start, hw, size)

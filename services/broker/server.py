@@ -1,0 +1,176 @@
+"""The Kafka protocol server: accepts connections and moves bytes; everything else is the
+sans-I/O codec (directlog.protocol) and the handlers (apis.KafkaApis).
+
+Requests on one connection are answered in order, one at a time, as Kafka does. Record
+data of fetch responses leaves through os.sendfile straight from the segment files. Bytes
+that cannot be read as a Kafka request close that one connection with one log line; other
+clients never notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from directlog.protocol.api import ApiKey, encode_response, parse_request_header, response_header
+from directlog.protocol.errors import ErrorCode
+from directlog.protocol.frames import FrameDecoder, FrameTooLargeError
+from directlog.records.errors import RecordError
+from services.broker.apis import KafkaApis
+from services.broker.fetch_response import Part
+from services.broker.metrics import BrokerMetrics
+from services.broker.storage import FileSlice
+
+log = logging.getLogger(__name__)
+
+_RECEIVE_BUFFER = 256 * 1024
+
+
+class BadRequestError(Exception):
+    """Bytes that are not a request this broker can answer: the connection is closed."""
+
+
+class KafkaServer:
+    def __init__(self, apis: KafkaApis, metrics: BrokerMetrics, max_request_bytes: int) -> None:
+        self.apis = apis
+        self.metrics = metrics
+        self.max_request_bytes = max_request_bytes
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0 picks a free port); returns the port."""
+        listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        listener.setblocking(False)
+        self._listener = listener
+        self._spawn(self._accept_loop(listener))
+        return int(listener.getsockname()[1])
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            connection, _ = await loop.sock_accept(listener)
+            connection.setblocking(False)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._spawn(self._serve(connection))
+
+    async def _serve(self, connection: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        peer = _peer(connection)
+        decoder = FrameDecoder(self.max_request_bytes)
+        buffer = bytearray(_RECEIVE_BUFFER)
+        view = memoryview(buffer)
+        self.metrics.connections.inc()
+        try:
+            while True:
+                received = await loop.sock_recv_into(connection, buffer)
+                if not received:
+                    return
+                for frame in decoder.feed(view[:received]):
+                    await self._request(connection, frame)
+        except (FrameTooLargeError, BadRequestError, RecordError) as error:
+            self.metrics.closed_for_bad_input.inc()
+            log.warning("closing connection from %s: %s", peer, error)
+        except (ConnectionError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("closing connection from %s after an internal error", peer)
+        finally:
+            self.metrics.connections.dec()
+            connection.close()
+
+    async def _request(self, connection: socket.socket, frame: memoryview) -> None:
+        started = time.perf_counter()
+        header = parse_request_header(frame)
+        api = header.api
+        if api is None:
+            raise BadRequestError(f"unknown API key {header.api_key}")
+        name = api.key.name.lower()
+        if not api.min_version <= header.api_version <= api.max_version:
+            if api.key != ApiKey.API_VERSIONS:
+                raise BadRequestError(
+                    f"{name} v{header.api_version} is not served (versions "
+                    f"{api.min_version}-{api.max_version})"
+                )
+            # KIP-511: answer in v0 with UNSUPPORTED_VERSION and the ranges served.
+            self.metrics.request_error(name, ErrorCode.UNSUPPORTED_VERSION)
+            answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
+            await self._send(
+                connection, [response_header(header) + bytes(answer.encode(version=0))]
+            )
+            return
+        try:
+            request = api.request.decode(frame[header.size :], version=header.api_version)
+        except Exception as error:
+            raise BadRequestError(
+                f"{name} v{header.api_version} request does not decode: {error!r}"
+            ) from error
+        self.metrics.requests.labels(name, str(header.api_version)).inc()
+        response = await self.apis.handle(api, header, request)
+        if response is not None:
+            if isinstance(response, list):
+                await self._send(connection, [response_header(header), *response])
+            else:
+                await self._send(connection, [encode_response(header, response)])
+        self.metrics.latency.labels(name).observe(time.perf_counter() - started)
+
+    async def _send(self, connection: socket.socket, parts: list[Part]) -> None:
+        """Send one size-prefixed response: byte parts in as few sends as possible, file
+        slices with sendfile."""
+        loop = asyncio.get_running_loop()
+        size = sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts)
+        pending = bytearray(size.to_bytes(4, "big"))
+        for part in parts:
+            if isinstance(part, FileSlice):
+                if pending:
+                    await loop.sock_sendall(connection, pending)
+                    pending = bytearray()
+                await _sendfile(connection, part)
+            else:
+                pending += part
+        if pending:
+            await loop.sock_sendall(connection, pending)
+
+
+async def _sendfile(connection: socket.socket, part: FileSlice) -> None:
+    loop = asyncio.get_running_loop()
+    offset, remaining = part.position, part.size
+    while remaining:
+        try:
+            sent = os.sendfile(connection.fileno(), part.fileno(), offset, remaining)
+        except BlockingIOError:
+            writable = loop.create_future()
+            loop.add_writer(connection, writable.set_result, None)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(connection)
+            continue
+        if sent == 0:
+            raise ConnectionError("segment file ended before the response did")
+        offset += sent
+        remaining -= sent
+
+
+def _peer(connection: socket.socket) -> str:
+    try:
+        host, port = connection.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "unknown peer"
