@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DATA   ?= ./data
+BROKERS ?= 1
 # venv support, Python headers and a C compiler: the record scanner is a C extension.
 DEBIAN_PACKAGES := python3-venv python3-dev gcc
+# Real clients the test suite drives from the shell.
+TEST_DEBIAN_PACKAGES := kcat
 
 .PHONY: test run lint bench clean
 
@@ -21,12 +25,15 @@ $(STAMP): pyproject.toml directlog/records/_scan.c
 	touch $@
 
 test: $(STAMP)
+	@command -v kcat >/dev/null || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest
 
+# The local cluster in the foreground: one broker on 127.0.0.1:9092 for now.
 run: $(STAMP)
-	@echo "make run: the broker service arrives with the Kafka protocol server (issue 3);"
-	@echo "this tree has the storage engine only. Try 'make test' or 'make bench'."
-	@exit 2
+	@[ "$(BROKERS)" = 1 ] || { echo "BROKERS=$(BROKERS): this release runs a single broker;" \
+	  "multi-broker clusters arrive with replication"; exit 2; }
+	$(PY) -m services.broker --host 127.0.0.1 --port 9092 --data-dir $(DATA)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check directlog services tests bench

@@ -97,6 +97,15 @@ class KafkaServer:
 
     async def _request(self, connection: socket.socket, frame: memoryview) -> None:
         started = time.perf_counter()
+        parts, api_name = await self.respond(frame)
+        if parts is not None:
+            await self._send(connection, parts)
+        self.metrics.latency.labels(api_name).observe(time.perf_counter() - started)
+
+    async def respond(self, frame: memoryview) -> tuple[list[Part] | None, str]:
+        """The response to one request frame (None when the request wants none, as Produce
+        with acks=0), and the API's name. Raises BadRequestError or RecordError for bytes
+        that are not a request to answer: the caller closes the connection."""
         header = parse_request_header(frame)
         api = header.api
         if api is None:
@@ -111,10 +120,7 @@ class KafkaServer:
             # KIP-511: answer in v0 with UNSUPPORTED_VERSION and the ranges served.
             self.metrics.request_error(name, ErrorCode.UNSUPPORTED_VERSION)
             answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
-            await self._send(
-                connection, [response_header(header) + bytes(answer.encode(version=0))]
-            )
-            return
+            return [response_header(header) + bytes(answer.encode(version=0))], name
         try:
             request = api.request.decode(frame[header.size :], version=header.api_version)
         except Exception as error:
@@ -123,12 +129,11 @@ class KafkaServer:
             ) from error
         self.metrics.requests.labels(name, str(header.api_version)).inc()
         response = await self.apis.handle(api, header, request)
-        if response is not None:
-            if isinstance(response, list):
-                await self._send(connection, [response_header(header), *response])
-            else:
-                await self._send(connection, [encode_response(header, response)])
-        self.metrics.latency.labels(name).observe(time.perf_counter() - started)
+        if response is None:
+            return None, name
+        if isinstance(response, list):
+            return [response_header(header), *response], name
+        return [encode_response(header, response)], name
 
     async def _send(self, connection: socket.socket, parts: list[Part]) -> None:
         """Send one size-prefixed response: byte parts in as few sends as possible, file

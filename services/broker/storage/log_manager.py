@@ -85,7 +85,7 @@ class LogManager:
                 clean_shutdown=clean,
                 clock=self._clock,
             )
-        if not clean:
+        if not clean and self.logs:
             log.info(
                 "recovered %d logs in %s after an unclean shutdown", len(self.logs), self.log_dir
             )

@@ -1,0 +1,242 @@
+"""The protocol edge without sockets: framing, request headers, and every request path fed
+random and mutated bytes. Whatever arrives, the broker answers, or refuses the connection
+with BadRequestError / a RecordError — never another exception, never changed data."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import tempfile
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from directlog.protocol.api import APIS, ApiKey, parse_request_header
+from directlog.protocol.frames import FrameDecoder, FrameTooLargeError, frame
+from directlog.records.batch import Record, build_batch
+from directlog.records.errors import CorruptRecordError, RecordError
+from directlog.topics import TopicPartition
+from services.broker.apis import KafkaApis
+from services.broker.metrics import BrokerMetrics
+from services.broker.server import BadRequestError, KafkaServer
+from services.broker.settings import BrokerSettings
+from services.broker.storage import LogConfig
+from services.broker.storage.log_manager import LogManager
+from services.broker.topics import TopicRegistry
+from tests.storage.helpers import tree_digest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+    from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+    from kafka.protocol.producer import ProduceRequest
+
+
+@given(st.lists(st.binary(max_size=40), max_size=8), st.data())
+def test_frames_survive_any_split(payloads, data):
+    stream = b"".join(frame(p) for p in payloads)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    decoder = FrameDecoder(max_frame=1024)
+    out = []
+    for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        out += [bytes(f) for f in decoder.feed(stream[start:stop])]
+    assert out == payloads and decoder.pending == 0
+
+
+def test_oversized_and_negative_frames_are_refused_before_buffering():
+    with pytest.raises(FrameTooLargeError, match="limit is 100"):
+        list(FrameDecoder(max_frame=100).feed(struct.pack(">i", 101)))
+    with pytest.raises(FrameTooLargeError):
+        list(FrameDecoder(max_frame=100).feed(struct.pack(">i", -5)))
+
+
+def test_request_headers_parse_as_clients_write_them():
+    for version, flexible in ((0, False), (9, True)):
+        request = MetadataRequest(topics=None, allow_auto_topic_creation=True)
+        request.API_VERSION = version
+        request.with_header(correlation_id=4242, client_id="unit-test")
+        raw = bytes(request.encode(header=True))
+        header = parse_request_header(raw)
+        assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (
+            ApiKey.METADATA,
+            version,
+            4242,
+            "unit-test",
+        )
+        assert APIS[ApiKey.METADATA].flexible(version) is flexible
+        decoded = MetadataRequest.decode(raw[header.size :], version=version)
+        assert decoded.topics == ([] if version == 0 else None)  # v0 has no null: [] means all
+
+
+@given(st.binary(max_size=64))
+def test_header_parser_only_raises_typed_errors(raw):
+    try:
+        header = parse_request_header(raw)
+    except CorruptRecordError:
+        return
+    assert header.size <= len(raw)
+
+
+class InProcessBroker:
+    """Handlers and the request path of a broker over a temporary directory, no sockets."""
+
+    def __init__(self, directory: Path) -> None:
+        settings = BrokerSettings(data_dir=directory)
+        defaults = LogConfig()
+        self.topics = TopicRegistry(directory / "topics.json", defaults)
+        self.logs = LogManager.open(directory, self.topics.config_for)
+        self.topics.create("fuzz", 2, {}, self.logs)
+        log = self.logs.get(TopicPartition("fuzz", 0))
+        assert log is not None
+        log.append(build_batch([Record(0, 1_700_000_000_000, b"k", b"kept")]))
+        log.update_high_watermark(1)
+        apis = KafkaApis(settings, self.logs, self.topics, BrokerMetrics(), "cluster")
+        self.server = KafkaServer(apis, apis.metrics, max_request_bytes=1 << 20)
+
+    def respond(self, raw: bytes):
+        async def bounded():
+            return await asyncio.wait_for(self.server.respond(memoryview(raw)), 1.0)
+
+        return asyncio.run(bounded())
+
+
+def valid_requests() -> list[bytes]:
+    """Well-formed requests of several APIs and versions, header included."""
+    records = build_batch([Record(0, 1_700_000_000_000, None, b"v")])
+    messages = [
+        (ApiVersionsRequest(client_software_name="fuzz", client_software_version="1"), 3),
+        (MetadataRequest(topics=None, allow_auto_topic_creation=False), 12),
+        (
+            MetadataRequest(
+                topics=[
+                    MetadataRequest.MetadataRequestTopic(name="fuzz", topic_id=uuid.UUID(int=0))
+                ],
+                allow_auto_topic_creation=False,
+            ),
+            1,
+        ),
+        (
+            ProduceRequest(
+                acks=1,
+                timeout_ms=100,
+                topic_data=[
+                    ProduceRequest.TopicProduceData(
+                        name="nope",
+                        partition_data=[
+                            ProduceRequest.TopicProduceData.PartitionProduceData(
+                                index=0, records=records
+                            )
+                        ],
+                    )
+                ],
+            ),
+            9,
+        ),
+        (
+            FetchRequest(
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=1 << 20,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                topics=[
+                    FetchRequest.FetchTopic(
+                        topic="fuzz",
+                        topic_id=uuid.UUID(int=0),
+                        partitions=[
+                            FetchRequest.FetchTopic.FetchPartition(
+                                partition=0, fetch_offset=0, partition_max_bytes=1 << 20
+                            )
+                        ],
+                    )
+                ],
+                forgotten_topics_data=[],
+                rack_id="",
+            ),
+            11,
+        ),
+        (
+            ListOffsetsRequest(
+                replica_id=-1,
+                isolation_level=0,
+                topics=[
+                    ListOffsetsRequest.ListOffsetsTopic(
+                        name="fuzz",
+                        partitions=[
+                            ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                                partition_index=0, timestamp=-2
+                            )
+                        ],
+                    )
+                ],
+            ),
+            5,
+        ),
+    ]
+    out = []
+    for message, version in messages:
+        message.API_VERSION = version
+        message.with_header(correlation_id=1, client_id="fuzz")
+        out.append(bytes(message.encode(header=True)))
+    return out
+
+
+VALID = valid_requests()
+
+
+def check_only_typed_failures(broker: InProcessBroker, raw: bytes) -> None:
+    try:
+        broker.respond(raw)
+    except (BadRequestError, RecordError):
+        pass
+    except TimeoutError:
+        # Only a fetch may wait (long poll), and only while its max wait lasts.
+        assert struct.unpack_from(">h", raw, 0)[0] == ApiKey.FETCH
+
+
+@given(st.one_of(st.binary(max_size=300), st.tuples(st.sampled_from(VALID), st.data())))
+def test_any_bytes_get_an_answer_or_a_typed_refusal(case):
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
+        broker = InProcessBroker(directory)
+        before = tree_digest(directory / "fuzz-0")
+        if isinstance(case, bytes):
+            raw = case
+        else:
+            raw, data = bytearray(case[0]), case[1]
+            for _ in range(data.draw(st.integers(1, 4))):
+                position = data.draw(st.integers(0, len(raw) - 1))
+                raw[position] = data.draw(st.integers(0, 255))
+            raw = bytes(raw[: data.draw(st.integers(0, len(raw)))])
+        check_only_typed_failures(broker, raw)
+        assert tree_digest(directory / "fuzz-0") == before
+        broker.logs.close()
+
+
+def test_every_valid_request_is_answered():
+    with tempfile.TemporaryDirectory() as name:
+        broker = InProcessBroker(Path(name))
+        for raw in VALID:
+            parts, _ = broker.respond(raw)
+            assert parts and struct.unpack_from(">i", parts[0], 0)[0] == 1  # correlation id
+        broker.logs.close()
+
+
+def test_unsupported_api_versions_version_gets_the_kip_511_answer():
+    with tempfile.TemporaryDirectory() as name:
+        broker = InProcessBroker(Path(name))
+        raw = struct.pack(">hhih", ApiKey.API_VERSIONS, 99, 7, -1)
+        parts, _ = broker.respond(raw)
+        body = b"".join(parts)
+        correlation, error_code, count = struct.unpack_from(">ihi", body, 0)
+        assert (correlation, error_code, count) == (7, 35, len(APIS))  # UNSUPPORTED_VERSION
+        with pytest.raises(BadRequestError, match="not served"):
+            broker.respond(struct.pack(">hhih", ApiKey.PRODUCE, 99, 7, -1))
+        with pytest.raises(BadRequestError, match="unknown API key"):
+            broker.respond(struct.pack(">hhih", 999, 0, 7, -1))
+        broker.logs.close()

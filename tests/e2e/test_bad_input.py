@@ -1,0 +1,193 @@
+"""Bad input against a running broker: garbage, oversized and truncated frames, unknown
+APIs, invalid topics, missing partitions. Each gets the protocol's error code or closes that
+one connection; the broker keeps serving everyone else and stored data does not change."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import urllib.request
+import warnings
+
+import pytest
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.broker import BrokerProcess
+from tests.storage.helpers import tree_digest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+from directlog.records.batch import Record, build_batch
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory):
+    with BrokerProcess(tmp_path_factory.mktemp("bad-input")) as running:
+        produce(running, "kept", [b"before"])
+        yield running
+
+
+def produce(broker: BrokerProcess, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    failures: list[object] = []
+    for value in values:
+        producer.produce(topic, value, on_delivery=lambda e, _m: failures.append(e) if e else None)
+    assert producer.flush(30) == 0 and not failures
+
+
+def connect(broker: BrokerProcess) -> socket.socket:
+    host, port = broker.bootstrap.rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=10)
+    return connection
+
+
+def closed_by_peer(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def roundtrip(connection: socket.socket, request: object, version: int, correlation: int) -> bytes:
+    request.API_VERSION = version  # type: ignore[attr-defined]
+    request.with_header(correlation_id=correlation, client_id="bad-input")  # type: ignore[attr-defined]
+    payload = bytes(request.encode(header=True))  # type: ignore[attr-defined]
+    connection.sendall(struct.pack(">i", len(payload)) + payload)
+    size = struct.unpack(">i", read_exactly(connection, 4))[0]
+    return read_exactly(connection, size)
+
+
+def read_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        assert chunk, "connection closed mid-response"
+        data += chunk
+    return data
+
+
+def closed_for_bad_input(broker: BrokerProcess) -> float:
+    text = urllib.request.urlopen(broker.metrics_url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "directlog_broker_connections_closed_for_bad_input":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("metric missing")
+
+
+def stored(broker: BrokerProcess) -> dict[str, str]:
+    return tree_digest(broker.data_dir / "kept-0")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\x00\x00\x10" + b"\xff" * 16,  # a frame whose header is nonsense
+        struct.pack(">i", 200 * 1024 * 1024),  # a length over socket.request.max.bytes
+        struct.pack(">i", -1),  # a negative length
+        struct.pack(">ihhih", 10, 999, 0, 1, -1),  # an API key nobody defined
+        struct.pack(">ihhih", 10, 0, 99, 1, -1),  # Produce v99
+        struct.pack(">ihhih", 12, 3, 12, 1, 2) + b"\xff\xfe",  # client id that is not UTF-8-safe
+    ],
+)
+def test_bad_frames_close_only_their_connection(broker: BrokerProcess, garbage: bytes) -> None:
+    before, closed_before = stored(broker), closed_for_bad_input(broker)
+    bystander = connect(broker)
+    attacker = connect(broker)
+    attacker.sendall(garbage)
+    answer = roundtrip(
+        bystander, MetadataRequest(topics=None, allow_auto_topic_creation=False), 9, 5
+    )
+    assert struct.unpack_from(">i", answer)[0] == 5
+    if garbage[4:6] == b"\x00\x03":  # the non-UTF-8 client id is still a valid request
+        attacker.close()
+    else:
+        assert closed_by_peer(attacker)
+        deadline = time.monotonic() + 5
+        while closed_for_bad_input(broker) == closed_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert closed_for_bad_input(broker) == closed_before + 1
+    bystander.close()
+    assert stored(broker) == before
+    produce(broker, "kept", [b"still served"])
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_partial_frame_blocks_nobody(broker: BrokerProcess) -> None:
+    staller = connect(broker)
+    staller.sendall(struct.pack(">i", 1000) + b"\x00\x03")  # promises 1000 bytes, sends 2
+    produce(broker, "kept", [b"while another client stalls"])
+    staller.close()
+
+
+@pytest.mark.timeout(60)
+def test_produce_to_a_missing_partition_fails_only_that_partition(broker: BrokerProcess) -> None:
+    records = build_batch([Record(0, 1_700_000_000_000, None, b"to partition 0")])
+    parts = ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(
+        acks=1,
+        timeout_ms=1000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="kept",
+                partition_data=[parts(index=0, records=records), parts(index=7, records=records)],
+            ),
+            ProduceRequest.TopicProduceData(
+                name="no-such-topic", partition_data=[parts(index=0, records=records)]
+            ),
+        ],
+    )
+    connection = connect(broker)
+    body = roundtrip(connection, request, 7, 9)
+    response = ProduceResponse.decode(body[4:], version=7)
+    codes = {
+        (t.name, p.index): p.error_code for t in response.responses for p in t.partition_responses
+    }
+    assert codes == {
+        ("kept", 0): 0,
+        ("kept", 7): 3,
+        ("no-such-topic", 0): 3,
+    }  # 3: UNKNOWN_TOPIC_OR_PARTITION
+    connection.close()
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_batch_gets_corrupt_message_and_changes_nothing(broker: BrokerProcess) -> None:
+    before = stored(broker)
+    batch = bytearray(build_batch([Record(0, 1_700_000_000_000, None, b"flipped")]))
+    batch[-1] ^= 0xFF
+    parts = ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(
+        acks=-1,
+        timeout_ms=1000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="kept", partition_data=[parts(index=0, records=bytes(batch))]
+            )
+        ],
+    )
+    connection = connect(broker)
+    response = ProduceResponse.decode(roundtrip(connection, request, 9, 3)[5:], version=9)
+    partition = response.responses[0].partition_responses[0]
+    assert partition.error_code == 2 and "CRC" in (partition.error_message or "")  # CORRUPT_MESSAGE
+    connection.close()
+    assert stored(broker) == before
+
+
+@pytest.mark.timeout(60)
+def test_invalid_topic_names_get_invalid_topic(broker: BrokerProcess) -> None:
+    request = MetadataRequest(
+        topics=[MetadataRequest.MetadataRequestTopic(name="bad topic/name")],
+        allow_auto_topic_creation=True,
+    )
+    connection = connect(broker)
+    response = MetadataResponse.decode(roundtrip(connection, request, 9, 4)[5:], version=9)
+    assert [(t.name, t.error_code) for t in response.topics] == [
+        ("bad topic/name", 17)
+    ]  # INVALID_TOPIC_EXCEPTION
+    connection.close()
