@@ -40,8 +40,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check directlog services tests bench
 	$(VENV)/bin/mypy directlog services
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench.storage
+	$(PY) -m bench.broker
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

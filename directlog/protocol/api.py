@@ -2,7 +2,8 @@
 
 Version ranges are those of Apache Kafka 3.7 for each API served, so clients that infer the
 broker's release from ApiVersions (kafka-python) see 3.7, and librdkafka finds Produce and
-Fetch from version 0. APIs Directlog does not serve yet are not advertised at all.
+Fetch from version 0 — and FindCoordinator, without which it refuses to send lz4. APIs
+Directlog does not serve yet are not advertised at all.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
     from kafka.protocol.metadata import (
         ApiVersionsRequest,
         ApiVersionsResponse,
+        FindCoordinatorRequest,
+        FindCoordinatorResponse,
         MetadataRequest,
         MetadataResponse,
     )
@@ -52,6 +55,7 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    FIND_COORDINATOR = 10
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -80,6 +84,7 @@ APIS: dict[int, Api] = {
         Api(ApiKey.FETCH, FetchRequest, FetchResponse, 0, 16),
         Api(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse, 0, 8),
         Api(ApiKey.METADATA, MetadataRequest, MetadataResponse, 0, 12),
+        Api(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest, FindCoordinatorResponse, 0, 4),
         Api(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
         Api(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse, 0, 7),
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),

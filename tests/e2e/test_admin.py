@@ -1,0 +1,439 @@
+"""Topic administration, configs, offsets by timestamp, cluster description and the
+Prometheus metrics page, through confluent-kafka's AdminClient against a real broker."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT = 15  # seconds, for each admin future
+RETENTION_MS_DEFAULT = "604800000"
+SEGMENT_BYTES_DEFAULT = "1073741824"
+
+
+def fails_with(future: Future[Any]) -> int:
+    """The Kafka error code a future failed with (it must fail)."""
+    with pytest.raises(KafkaException) as raised:
+        future.result(timeout=TIMEOUT)
+    error = raised.value.args[0]
+    assert isinstance(error, KafkaError)
+    return int(error.code())
+
+
+def partition_counts(admin: Any) -> dict[str, int]:
+    """Every topic the broker lists, with its partition count (no auto-creation)."""
+    metadata = admin.list_topics(timeout=TIMEOUT)
+    for topic in metadata.topics.values():
+        assert topic.error is None, topic.error
+    return {name: len(t.partitions) for name, t in metadata.topics.items()}
+
+
+def create(admin: Any, *topics: NewTopic) -> dict[str, Future[Any]]:
+    return admin.create_topics(list(topics), operation_timeout=10, request_timeout=TIMEOUT)
+
+
+def describe_topic(admin: Any, topic: str) -> dict[str, Any]:
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    (future,) = admin.describe_configs([resource], request_timeout=TIMEOUT).values()
+    return future.result(timeout=TIMEOUT)
+
+
+def alter_topic(admin: Any, topic: str, *entries: ConfigEntry) -> Future[Any]:
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=list(entries))
+    (future,) = admin.incremental_alter_configs([resource], request_timeout=TIMEOUT).values()
+    return future
+
+
+# Topics -------------------------------------------------------------------------------
+
+
+def test_create_topics(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    wanted = {topic_name("one"): 1, topic_name("three"): 3, topic_name("eight"): 8}
+    futures = create(admin, *(NewTopic(t, num_partitions=n) for t, n in wanted.items()))
+    assert sorted(futures) == sorted(wanted)
+    for future in futures.values():
+        assert future.result(timeout=TIMEOUT) is None
+    listed = partition_counts(admin)
+    assert {t: listed.get(t) for t in wanted} == wanted
+    # validate_only checks and creates nothing.
+    dry = topic_name("dry-run")
+    futures = admin.create_topics(
+        [NewTopic(dry, num_partitions=2)], validate_only=True, request_timeout=TIMEOUT
+    )
+    assert futures[dry].result(timeout=TIMEOUT) is None
+    assert dry not in partition_counts(admin)
+    # Partition ids are 0..n-1, each led by the one broker.
+    metadata = admin.list_topics(timeout=TIMEOUT)
+    for topic, count in wanted.items():
+        partitions = metadata.topics[topic].partitions
+        assert sorted(partitions) == list(range(count))
+        assert {(p.leader, tuple(p.replicas), tuple(p.isrs)) for p in partitions.values()} == {
+            (0, (0,), (0,))
+        }
+
+
+def test_create_existing_topic_fails(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("twice")
+    create(admin, NewTopic(topic, num_partitions=2))[topic].result(timeout=TIMEOUT)
+    again = create(admin, NewTopic(topic, num_partitions=5))[topic]
+    assert fails_with(again) == KafkaError.TOPIC_ALREADY_EXISTS
+    assert partition_counts(admin)[topic] == 2  # unchanged
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["has space", "slash/ed", "star*", "a" * 250, "..", "."],
+    ids=["space", "slash", "star", "too-long", "dotdot", "dot"],
+)
+def test_invalid_topic_name_fails(module_broker, clients, name):
+    admin = clients.admin(module_broker.bootstrap)
+    future = create(admin, NewTopic(name, num_partitions=1))[name]
+    assert fails_with(future) == KafkaError.TOPIC_EXCEPTION  # INVALID_TOPIC_EXCEPTION, 17
+    assert name not in partition_counts(admin)
+
+
+def test_replication_factor_3_fails_on_one_broker(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("rf3")
+    future = create(admin, NewTopic(topic, num_partitions=1, replication_factor=3))[topic]
+    assert fails_with(future) == KafkaError.INVALID_REPLICATION_FACTOR
+    assert topic not in partition_counts(admin)
+
+
+def test_delete_topics(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    doomed, kept = [topic_name("doomed-a"), topic_name("doomed-b")], topic_name("kept")
+    for future in create(admin, *(NewTopic(t, 2) for t in [*doomed, kept])).values():
+        future.result(timeout=TIMEOUT)
+    assert set(doomed) | {kept} <= set(partition_counts(admin))
+
+    futures = admin.delete_topics(doomed, operation_timeout=10, request_timeout=TIMEOUT)
+    for future in futures.values():
+        assert future.result(timeout=TIMEOUT) is None
+    listed = partition_counts(admin)
+    assert not set(doomed) & set(listed)
+    assert listed[kept] == 2
+
+    missing = topic_name("never-was")
+    for name in (missing, doomed[0]):
+        (future,) = admin.delete_topics([name], request_timeout=TIMEOUT).values()
+        assert fails_with(future) == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_recreated_topic_starts_empty(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("reborn")
+    create(admin, NewTopic(topic, 1))[topic].result(timeout=TIMEOUT)
+    producer = clients.producer(module_broker.bootstrap)
+    old = [{"value": f"old {i}".encode()} for i in range(50)]
+    assert [m.offset() for _, m in clients.produce_all(producer, topic, old)] == list(range(50))
+
+    (future,) = admin.delete_topics([topic], request_timeout=TIMEOUT).values()
+    future.result(timeout=TIMEOUT)
+    create(admin, NewTopic(topic, 2))[topic].result(timeout=TIMEOUT)
+    assert partition_counts(admin)[topic] == 2
+
+    new = [{"value": f"new {i}".encode(), "partition": 0} for i in range(5)]
+    reports = clients.produce_all(clients.producer(module_broker.bootstrap), topic, new)
+    assert [(e, m.offset()) for e, m in reports] == [(None, i) for i in range(5)]
+    consumer = clients.consumer(module_broker.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    got = [(m.offset(), m.value()) for m in clients.consume(consumer, 5)]
+    assert got == [(i, f"new {i}".encode()) for i in range(5)]
+    assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT) == (0, 5)
+
+
+def test_create_partitions(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("grow")
+    create(admin, NewTopic(topic, num_partitions=1))[topic].result(timeout=TIMEOUT)
+
+    (future,) = admin.create_partitions(
+        [NewPartitions(topic, 4)], validate_only=True, request_timeout=TIMEOUT
+    ).values()
+    assert future.result(timeout=TIMEOUT) is None
+    assert partition_counts(admin)[topic] == 1  # only validated
+
+    (future,) = admin.create_partitions([NewPartitions(topic, 4)], request_timeout=TIMEOUT).values()
+    assert future.result(timeout=TIMEOUT) is None
+    assert partition_counts(admin)[topic] == 4
+
+    # The new partitions take records.
+    producer = clients.producer(module_broker.bootstrap)
+    records = [{"value": f"p{p}".encode(), "partition": p} for p in range(4)]
+    reports = clients.produce_all(producer, topic, records)
+    assert sorted((e, m.partition(), m.offset()) for e, m in reports) == [
+        (None, p, 0) for p in range(4)
+    ]
+
+    for count in (2, 4):  # fewer, or as many: not an increase
+        (future,) = admin.create_partitions(
+            [NewPartitions(topic, count)], request_timeout=TIMEOUT
+        ).values()
+        assert fails_with(future) == KafkaError.INVALID_PARTITIONS
+    assert partition_counts(admin)[topic] == 4
+
+
+# Configs ------------------------------------------------------------------------------
+
+
+def test_describe_configs_defaults_and_overrides(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    plain, custom = topic_name("plain"), topic_name("custom")
+    overrides = {"retention.ms": "3600000", "segment.bytes": "1048576", "preallocate": "true"}
+    futures = create(admin, NewTopic(plain, 1), NewTopic(custom, 1, config=overrides))
+    for future in futures.values():
+        future.result(timeout=TIMEOUT)
+
+    configs = describe_topic(admin, plain)
+    for name, value in (
+        ("retention.ms", RETENTION_MS_DEFAULT),
+        ("segment.bytes", SEGMENT_BYTES_DEFAULT),
+    ):
+        entry = configs[name]
+        assert (entry.value, entry.is_default, entry.source) == (
+            value,
+            True,
+            ConfigSource.DEFAULT_CONFIG.value,
+        ), name
+
+    configs = describe_topic(admin, custom)
+    for name, value in overrides.items():
+        entry = configs[name]
+        assert (entry.value, entry.is_default, entry.source) == (
+            value,
+            False,
+            ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
+        ), name
+    # What was not overridden is still the default.
+    assert configs["segment.ms"].is_default
+    assert (
+        configs["max.message.bytes"].value
+        == describe_topic(admin, plain)["max.message.bytes"].value
+    )
+
+
+def test_incremental_alter_configs(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("alter")
+    create(admin, NewTopic(topic, 1))[topic].result(timeout=TIMEOUT)
+
+    set_op = ConfigEntry("retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET)
+    assert alter_topic(admin, topic, set_op).result(timeout=TIMEOUT) is None
+    entry = describe_topic(admin, topic)["retention.ms"]
+    assert (entry.value, entry.is_default, entry.source) == (
+        "86400000",
+        False,
+        ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
+    )
+
+    delete_op = ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE)
+    assert alter_topic(admin, topic, delete_op).result(timeout=TIMEOUT) is None
+    entry = describe_topic(admin, topic)["retention.ms"]
+    assert (entry.value, entry.is_default, entry.source) == (
+        RETENTION_MS_DEFAULT,
+        True,
+        ConfigSource.DEFAULT_CONFIG.value,
+    )
+
+    bad = ConfigEntry("retention.ms", "abc", incremental_operation=AlterConfigOpType.SET)
+    assert fails_with(alter_topic(admin, topic, bad)) == KafkaError.INVALID_CONFIG
+    assert describe_topic(admin, topic)["retention.ms"].value == RETENTION_MS_DEFAULT
+
+    # validate_only checks and changes nothing.
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (future,) = admin.incremental_alter_configs(
+        [resource], validate_only=True, request_timeout=TIMEOUT
+    ).values()
+    assert future.result(timeout=TIMEOUT) is None
+    assert describe_topic(admin, topic)["retention.ms"].value == RETENTION_MS_DEFAULT
+
+    # A failed change leaves the other changes of the same resource undone too.
+    good = ConfigEntry("segment.bytes", "2097152", incremental_operation=AlterConfigOpType.SET)
+    assert fails_with(alter_topic(admin, topic, good, bad)) == KafkaError.INVALID_CONFIG
+    assert describe_topic(admin, topic)["segment.bytes"].value == SEGMENT_BYTES_DEFAULT
+
+
+def test_configs_of_a_missing_topic(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    missing = topic_name("missing")
+    resource = ConfigResource(ResourceType.TOPIC, missing)
+    (future,) = admin.describe_configs([resource], request_timeout=TIMEOUT).values()
+    assert fails_with(future) == KafkaError.UNKNOWN_TOPIC_OR_PART
+    change = ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+    assert fails_with(alter_topic(admin, missing, change)) == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert missing not in partition_counts(admin)
+
+
+def test_altered_retention_applies_to_the_log(module_broker, clients, topic_name):
+    """retention.ms lowered below the records' age: the broker deletes them (its
+    housekeeping runs every second) and the log start moves to the log end."""
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("expire")
+    create(admin, NewTopic(topic, 1))[topic].result(timeout=TIMEOUT)
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    records = [{"value": b"v", "timestamp": hour_ago + i, "partition": 0} for i in range(10)]
+    clients.produce_all(clients.producer(module_broker.bootstrap), topic, records)
+    tp = TopicPartition(topic, 0)
+
+    def earliest() -> int:
+        (future,) = admin.list_offsets({tp: OffsetSpec.earliest()}).values()
+        return int(future.result(timeout=TIMEOUT).offset)
+
+    time.sleep(1.5)  # a housekeeping round or more, under the default 7-day retention
+    assert earliest() == 0
+    change = ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET)
+    alter_topic(admin, topic, change).result(timeout=TIMEOUT)
+    deadline = time.monotonic() + 10
+    while earliest() != 10 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert earliest() == 10
+    (future,) = admin.list_offsets({tp: OffsetSpec.latest()}).values()
+    assert future.result(timeout=TIMEOUT).offset == 10
+
+
+# Offsets by timestamp -----------------------------------------------------------------
+
+
+def test_list_offsets_by_timestamp(module_broker, clients, topic_name):
+    topic = topic_name("times")
+    base = int(time.time() * 1000) - 600_000
+    stamps = [base + 10 * i for i in range(20)]
+    producer = clients.producer(module_broker.bootstrap, {"linger.ms": 50})
+    # Offsets 0-9 in one batch, then 10-19 in a batch each.
+    records = [{"value": f"r{i}".encode(), "timestamp": stamps[i]} for i in range(10)]
+    reports = clients.produce_all(producer, topic, records)
+    for i in range(10, 20):
+        record = {"value": f"r{i}".encode(), "timestamp": stamps[i]}
+        reports += clients.produce_all(producer, topic, [record])
+    assert [(e, m.offset()) for e, m in reports] == [(None, i) for i in range(20)]
+
+    admin = clients.admin(module_broker.bootstrap)
+    tp = TopicPartition(topic, 0)
+
+    def lookup(spec: OffsetSpec) -> tuple[int, int]:
+        (future,) = admin.list_offsets({tp: spec}, request_timeout=TIMEOUT).values()
+        result = future.result(timeout=TIMEOUT)
+        return result.offset, result.timestamp
+
+    cases = [
+        (base + 15, (2, base + 20)),  # inside the first batch: the next record at or after
+        (base + 20, (2, base + 20)),  # an exact match
+        (base - 5, (0, base)),  # before everything: the first record
+        (base + 125, (13, base + 130)),  # among the one-record batches
+        (base + 190, (19, base + 190)),  # the last record
+    ]
+    for timestamp, want in cases:
+        assert lookup(OffsetSpec.for_timestamp(timestamp)) == want, timestamp
+    offset, _ = lookup(OffsetSpec.for_timestamp(base + 191))  # after everything
+    assert offset == -1
+    assert lookup(OffsetSpec.earliest())[0] == 0
+    assert lookup(OffsetSpec.latest())[0] == 20
+    assert lookup(OffsetSpec.max_timestamp()) == (19, base + 190)
+
+
+# Cluster ------------------------------------------------------------------------------
+
+
+def test_describe_cluster(module_broker, clients):
+    admin = clients.admin(module_broker.bootstrap)
+    cluster = admin.describe_cluster(request_timeout=TIMEOUT).result(timeout=TIMEOUT)
+    meta = (module_broker.data_dir / "meta.properties").read_text(encoding="utf-8")
+    cluster_id = next(
+        line.split("=", 1)[1] for line in meta.splitlines() if line.startswith("cluster.id=")
+    )
+    assert cluster.cluster_id == cluster_id
+    assert cluster.cluster_id
+    assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", module_broker.port)]
+    assert cluster.controller is not None and cluster.controller.id == 0
+    # Metadata agrees.
+    metadata = admin.list_topics(timeout=TIMEOUT)
+    assert metadata.cluster_id == cluster_id
+    assert metadata.controller_id == 0
+    assert [(b.id, b.host, b.port) for b in metadata.brokers.values()] == [
+        (0, "127.0.0.1", module_broker.port)
+    ]
+
+
+# Metrics ------------------------------------------------------------------------------
+
+
+def test_metrics(module_broker, clients, topic_name):
+    topic = topic_name("metered")
+    count = 1234
+    producer = clients.producer(module_broker.bootstrap, {"linger.ms": 20})
+    records = [{"key": str(i).encode(), "value": b"x" * (i % 100)} for i in range(count)]
+    reports = clients.produce_all(producer, topic, records)
+    assert [(e, m.offset()) for e, m in reports] == [(None, i) for i in range(count)]
+    consumer = clients.consumer(module_broker.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    assert [m.offset() for m in clients.consume(consumer, count)] == list(range(count))
+
+    families = {f.name: f for f in module_broker.scrape()}
+    assert families["directlog_broker_records_in"].type == "counter"
+    assert families["directlog_broker_log_end_offset"].type == "gauge"
+    assert families["directlog_broker_request_latency_seconds"].type == "histogram"
+
+    def value(family: str, sample: str, **labels: str) -> float | None:
+        found = [
+            s.value
+            for s in families[family].samples
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+    assert value(
+        "directlog_broker_records_in", "directlog_broker_records_in_total", topic=topic
+    ) == (count)
+    bytes_in = value("directlog_broker_bytes_in", "directlog_broker_bytes_in_total", topic=topic)
+    assert bytes_in is not None and bytes_in > sum(len(r["value"]) for r in records)
+    end = value(
+        "directlog_broker_log_end_offset",
+        "directlog_broker_log_end_offset",
+        topic=topic,
+        partition="0",
+    )
+    assert end == count
+    hw = value(
+        "directlog_broker_high_watermark",
+        "directlog_broker_high_watermark",
+        topic=topic,
+        partition="0",
+    )
+    assert hw == count
+    records_out = value(
+        "directlog_broker_records_out", "directlog_broker_records_out_total", topic=topic
+    )
+    assert records_out == count
+
+    latency = "directlog_broker_request_latency_seconds"
+    for api in ("produce", "fetch"):
+        requests = value(latency, f"{latency}_count", api=api)
+        assert requests is not None and requests >= 1, api
+        assert value(latency, f"{latency}_bucket", api=api, le="+Inf") == requests
+        assert value(latency, f"{latency}_sum", api=api) is not None
