@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from directlog.protocol.produce import decode_produce_request
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
@@ -72,15 +74,21 @@ class Api:
     response: Any
     min_version: int
     max_version: int
+    decoder: Callable[[memoryview, int], Any] | None = None  # a hand-written hot path
 
     def flexible(self, version: int) -> bool:
         return bool(self.request.flexible_version_q(version))
+
+    def decode(self, body: memoryview, version: int) -> Any:
+        if self.decoder is not None:
+            return self.decoder(body, version)
+        return self.request.decode(body, version=version)
 
 
 APIS: dict[int, Api] = {
     api.key: api
     for api in (
-        Api(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, 0, 10),
+        Api(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, 0, 10, decode_produce_request),
         Api(ApiKey.FETCH, FetchRequest, FetchResponse, 0, 16),
         Api(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse, 0, 8),
         Api(ApiKey.METADATA, MetadataRequest, MetadataResponse, 0, 12),

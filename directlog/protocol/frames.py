@@ -1,7 +1,10 @@
-"""Size-prefixed frames (int32 length, then that many bytes), decoded without I/O.
+"""Size-prefixed frames (int32 length, then that many bytes), read without I/O or copies.
 
-The length is bounded before anything is buffered for it, so a hostile or corrupt prefix
-can never make a reader allocate more than the limit.
+The caller receives into `writable()` and reports the count with `received(n)`; `frames()`
+then yields each complete frame as a view into the receive buffer, valid until the next
+`writable()` call. A frame larger than the buffer gets a buffer of its own, received into
+directly, so a 1 MiB produce request is never copied in user space. Every length is bounded
+(socket.request.max.bytes) before anything is allocated for it.
 """
 
 from __future__ import annotations
@@ -16,34 +19,68 @@ class FrameTooLargeError(Exception):
     """A frame length above the limit (socket.request.max.bytes), or a negative one."""
 
 
-class FrameDecoder:
-    def __init__(self, max_frame: int) -> None:
+class FrameReader:
+    def __init__(self, max_frame: int, buffer_size: int = 256 * 1024) -> None:
         self.max_frame = max_frame
-        self._buffer = bytearray()
+        self._buffer = bytearray(buffer_size)
+        self._start = 0  # first unconsumed byte in _buffer
+        self._end = 0  # end of received bytes in _buffer
+        self._large: bytearray | None = None  # payload of a frame bigger than _buffer
+        self._large_filled = 0
 
-    def feed(self, data: bytes | memoryview) -> Iterator[memoryview]:
-        """Add received bytes; yield every frame now complete (payload without the prefix)."""
-        self._buffer += data
-        start = 0
-        buffered = len(self._buffer)
-        frames = []
-        while buffered - start >= 4:
-            (size,) = _SIZE.unpack_from(self._buffer, start)
+    def writable(self) -> memoryview:
+        """Where the next receive should write (never empty)."""
+        if self._large is not None:
+            return memoryview(self._large)[self._large_filled :]
+        if self._start:
+            pending = self._end - self._start
+            self._buffer[:pending] = self._buffer[self._start : self._end]
+            self._start, self._end = 0, pending
+        return memoryview(self._buffer)[self._end :]
+
+    def received(self, count: int) -> None:
+        if self._large is not None:
+            self._large_filled += count
+        else:
+            self._end += count
+
+    def frames(self) -> Iterator[memoryview]:
+        """Every complete frame received so far (payload without the size prefix)."""
+        if self._large is not None:
+            if self._large_filled < len(self._large):
+                return
+            frame, self._large = self._large, None
+            yield memoryview(frame)
+        buffer = self._buffer
+        while self._end - self._start >= 4:
+            (size,) = _SIZE.unpack_from(buffer, self._start)
             if size < 0 or size > self.max_frame:
                 raise FrameTooLargeError(f"frame of {size} bytes; the limit is {self.max_frame}")
-            if buffered - start - 4 < size:
-                break
-            frames.append(bytes(self._buffer[start + 4 : start + 4 + size]))
-            start += 4 + size
-        if start:
-            del self._buffer[:start]
-        for frame in frames:
-            yield memoryview(frame)
+            available = self._end - self._start - 4
+            if size > len(buffer) - 4:
+                # Too big for the buffer: move what arrived into a buffer of its own size.
+                self._large = bytearray(size)
+                part = min(available, size)
+                self._large[:part] = buffer[self._start + 4 : self._start + 4 + part]
+                self._large_filled = part
+                self._start += 4 + part
+                if part == size:
+                    frame, self._large = self._large, None
+                    yield memoryview(frame)
+                    continue
+                return
+            if available < size:
+                return
+            begin = self._start + 4
+            self._start = begin + size
+            yield memoryview(buffer)[begin : begin + size]
 
     @property
     def pending(self) -> int:
         """Bytes received but not yet part of a whole frame."""
-        return len(self._buffer)
+        if self._large is not None:
+            return self._large_filled + (self._end - self._start)
+        return self._end - self._start
 
 
 def frame(payload: bytes) -> bytes:

@@ -16,6 +16,7 @@ from typing import Any
 
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
 from directlog.records.batch import (
     MAGIC,
     NO_TIMESTAMP,
@@ -26,6 +27,7 @@ from directlog.records.batch import (
 )
 from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
+from directlog.records.varint import Buffer
 from directlog.topics import TopicPartition
 from services.broker.error_codes import error_code_for
 from services.broker.fetch_response import Part, PartitionData, TopicData, encode_fetch_response
@@ -108,55 +110,45 @@ class KafkaApis:
 
     # Produce ---------------------------------------------------------------------------
 
-    async def produce(self, request: Any, header: RequestHeader) -> Response:
-        response = APIS[ApiKey.PRODUCE].response
+    async def produce(self, request: ProduceRequest, header: RequestHeader) -> Response:
         acks = request.acks
         results = []
         appended = False
         for topic in request.topic_data:
             partitions = []
             for data in topic.partition_data:
-                code, base, append_time, start, message = ErrorCode.NONE, -1, NO_TIMESTAMP, -1, None
+                result = PartitionResult(data.index, ErrorCode.NONE)
                 try:
                     if acks not in (0, 1, -1):
                         raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
                     partition_log = self.log_for(topic.name, data.index)
-                    records = data.records or b""
+                    records: Buffer = data.records if data.records is not None else b""
                     if len(records) > 16 and records[16] < MAGIC:
                         if header.api_version >= 3:
                             raise KafkaError(
                                 ErrorCode.INVALID_RECORD,
                                 "produce v3 and later carry only record batches v2",
                             )
-                        records = _up_convert(records)
-                    result = partition_log.append(records)
+                        records = _up_convert(bytes(records))
+                    appended_result = partition_log.append(records)
                     partition_log.update_high_watermark(partition_log.log_end_offset)
-                    base, append_time = result.first_offset, result.log_append_time
-                    start = partition_log.log_start_offset
+                    result.base_offset = appended_result.first_offset
+                    result.log_append_time_ms = appended_result.log_append_time
+                    result.log_start_offset = partition_log.log_start_offset
                     appended = True
-                    self.metrics.produced(topic.name, result.records, result.size)
+                    self.metrics.produced(topic.name, appended_result.records, appended_result.size)
                 except Exception as error:
-                    code, message = self._item_error(error, "produce", topic.name, data.index)
-                partitions.append(
-                    response.TopicProduceResponse.PartitionProduceResponse(
-                        index=data.index,
-                        error_code=code,
-                        base_offset=base,
-                        log_append_time_ms=append_time,
-                        log_start_offset=start,
-                        record_errors=[],
-                        error_message=message,
+                    result.error_code, result.error_message = self._item_error(
+                        error, "produce", topic.name, data.index
                     )
-                )
-            results.append(
-                response.TopicProduceResponse(name=topic.name, partition_responses=partitions)
-            )
+                partitions.append(result)
+            results.append((topic.name, partitions))
         if appended:
             self._data_arrived.set()
             self._data_arrived = asyncio.Event()
         if acks == 0:
             return None
-        return response(responses=results, throttle_time_ms=0)
+        return [encode_produce_response(header.api_version, results)]
 
     def _item_error(
         self, error: BaseException, api: str, topic: str, partition: int

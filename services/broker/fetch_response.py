@@ -10,10 +10,10 @@ tagged fields) from v12, topic ids instead of names from v13.
 
 from __future__ import annotations
 
-import struct
 import uuid
 from dataclasses import dataclass
 
+from directlog.protocol.wire import Writer
 from services.broker.storage import FileSlice
 
 Part = bytes | FileSlice
@@ -45,48 +45,12 @@ class TopicData:
     partitions: list[PartitionData]
 
 
-class _Writer:
+class _PartsWriter(Writer):
+    """A Writer that leaves record data as file slices between its byte parts."""
+
     def __init__(self, flexible: bool) -> None:
-        self.flexible = flexible
+        super().__init__(flexible)
         self.parts: list[Part] = []
-        self.buffer = bytearray()
-
-    def int8(self, value: int) -> None:
-        self.buffer += struct.pack(">b", value)
-
-    def int16(self, value: int) -> None:
-        self.buffer += struct.pack(">h", value)
-
-    def int32(self, value: int) -> None:
-        self.buffer += struct.pack(">i", value)
-
-    def int64(self, value: int) -> None:
-        self.buffer += struct.pack(">q", value)
-
-    def uvarint(self, value: int) -> None:
-        while value >= 0x80:
-            self.buffer.append((value & 0x7F) | 0x80)
-            value >>= 7
-        self.buffer.append(value)
-
-    def length(self, count: int | None) -> None:
-        """An array or bytes length: int32 (-1 null), or compact uvarint of length + 1."""
-        if self.flexible:
-            self.uvarint(0 if count is None else count + 1)
-        else:
-            self.int32(-1 if count is None else count)
-
-    def string(self, value: str) -> None:
-        raw = value.encode()
-        if self.flexible:
-            self.uvarint(len(raw) + 1)
-        else:
-            self.int16(len(raw))
-        self.buffer += raw
-
-    def tags(self) -> None:
-        if self.flexible:
-            self.uvarint(0)
 
     def records(self, records: FileSlice | bytes | None, size: int) -> None:
         self.length(None if records is None else size)
@@ -108,7 +72,7 @@ def encode_fetch_response(
     version: int, error_code: int, topics: list[TopicData], throttle_ms: int = 0
 ) -> list[Part]:
     """The body of a FetchResponse (no header), as bytes and file slices to send in order."""
-    w = _Writer(flexible=version >= 12)
+    w = _PartsWriter(flexible=version >= 12)
     if version >= 1:
         w.int32(throttle_ms)
     if version >= 7:

@@ -18,7 +18,7 @@ from typing import Any
 
 from directlog.protocol.api import ApiKey, encode_response, parse_request_header, response_header
 from directlog.protocol.errors import ErrorCode
-from directlog.protocol.frames import FrameDecoder, FrameTooLargeError
+from directlog.protocol.frames import FrameReader, FrameTooLargeError
 from directlog.records.errors import RecordError
 from services.broker.apis import KafkaApis
 from services.broker.fetch_response import Part
@@ -26,8 +26,6 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.storage import FileSlice
 
 log = logging.getLogger(__name__)
-
-_RECEIVE_BUFFER = 256 * 1024
 
 
 class BadRequestError(Exception):
@@ -73,16 +71,15 @@ class KafkaServer:
     async def _serve(self, connection: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         peer = _peer(connection)
-        decoder = FrameDecoder(self.max_request_bytes)
-        buffer = bytearray(_RECEIVE_BUFFER)
-        view = memoryview(buffer)
+        reader = FrameReader(self.max_request_bytes)
         self.metrics.connections.inc()
         try:
             while True:
-                received = await loop.sock_recv_into(connection, buffer)
+                received = await loop.sock_recv_into(connection, reader.writable())
                 if not received:
                     return
-                for frame in decoder.feed(view[:received]):
+                reader.received(received)
+                for frame in reader.frames():
                     await self._request(connection, frame)
         except (FrameTooLargeError, BadRequestError, RecordError) as error:
             self.metrics.closed_for_bad_input.inc()
@@ -122,7 +119,7 @@ class KafkaServer:
             answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
             return [response_header(header) + bytes(answer.encode(version=0))], name
         try:
-            request = api.request.decode(frame[header.size :], version=header.api_version)
+            request = api.decode(frame[header.size :], header.api_version)
         except Exception as error:
             raise BadRequestError(
                 f"{name} v{header.api_version} request does not decode: {error!r}"

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from directlog.protocol.api import APIS, ApiKey, parse_request_header
-from directlog.protocol.frames import FrameDecoder, FrameTooLargeError, frame
+from directlog.protocol.frames import FrameReader, FrameTooLargeError, frame
 from directlog.records.batch import Record, build_batch
 from directlog.records.errors import CorruptRecordError, RecordError
 from directlog.topics import TopicPartition
@@ -36,22 +36,37 @@ with warnings.catch_warnings():
     from kafka.protocol.producer import ProduceRequest
 
 
-@given(st.lists(st.binary(max_size=40), max_size=8), st.data())
-def test_frames_survive_any_split(payloads, data):
+def receive_all(reader: FrameReader, stream: bytes, chunks: list[int]) -> list[bytes]:
+    """Feed `stream` the way a socket would, at most chunks[i] bytes per receive."""
+    out: list[bytes] = []
+    position, turn = 0, 0
+    while position < len(stream):
+        view = reader.writable()
+        assert len(view) > 0
+        count = min(len(view), max(chunks[turn % len(chunks)], 1), len(stream) - position)
+        view[:count] = stream[position : position + count]
+        position += count
+        turn += 1
+        reader.received(count)
+        out += [bytes(f) for f in reader.frames()]  # copied: views live until writable()
+    return out
+
+
+@given(st.lists(st.binary(max_size=200), max_size=8), st.lists(st.integers(1, 300), min_size=1))
+def test_frames_survive_any_split_and_any_size(payloads, chunks):
     stream = b"".join(frame(p) for p in payloads)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
-    decoder = FrameDecoder(max_frame=1024)
-    out = []
-    for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
-        out += [bytes(f) for f in decoder.feed(stream[start:stop])]
-    assert out == payloads and decoder.pending == 0
+    reader = FrameReader(max_frame=1024, buffer_size=64)  # many frames outgrow the buffer
+    assert receive_all(reader, stream, chunks) == payloads
+    assert reader.pending == 0
 
 
 def test_oversized_and_negative_frames_are_refused_before_buffering():
-    with pytest.raises(FrameTooLargeError, match="limit is 100"):
-        list(FrameDecoder(max_frame=100).feed(struct.pack(">i", 101)))
-    with pytest.raises(FrameTooLargeError):
-        list(FrameDecoder(max_frame=100).feed(struct.pack(">i", -5)))
+    for prefix in (struct.pack(">i", 101), struct.pack(">i", -5)):
+        reader = FrameReader(max_frame=100)
+        reader.writable()[:4] = prefix
+        reader.received(4)
+        with pytest.raises(FrameTooLargeError, match="limit is 100"):
+            list(reader.frames())
 
 
 def test_request_headers_parse_as_clients_write_them():
