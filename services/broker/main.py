@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import uvloop
@@ -58,25 +59,28 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         f"  stop with Ctrl-C",
         flush=True,
     )
-    housekeeping = asyncio.get_running_loop().create_task(_housekeeping(logs, settings))
+    fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
+    housekeeping = asyncio.get_running_loop().create_task(_housekeeping(logs, settings, fsyncs))
     try:
         await stop.wait()
     finally:
         log.info("stopping")
         housekeeping.cancel()
         await server.close()
+        fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")
 
 
-async def _housekeeping(logs: LogManager, settings: BrokerSettings) -> None:
-    """flush.ms, retention and checkpoints, off the request path (fsyncs run in a thread)."""
+async def _housekeeping(logs: LogManager, settings: BrokerSettings, fsyncs: Executor) -> None:
+    """flush.ms, retention and checkpoints, off the request path (fsyncs on their thread)."""
+    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(settings.housekeeping_interval_ms / 1000)
         try:
             logs.enforce_retention()
-            await asyncio.to_thread(logs.flush_due)
-            await asyncio.to_thread(logs.checkpoint)
+            await loop.run_in_executor(fsyncs, logs.flush_due)
+            await loop.run_in_executor(fsyncs, logs.checkpoint)
         except Exception:
             log.exception("housekeeping round failed")
 
