@@ -7,9 +7,11 @@ the received frame and the response is written straight into one buffer.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
-from directlog.protocol.wire import Reader, Writer
+from directlog.protocol.wire import Writer
+from directlog.records.errors import CorruptRecordError
 
 MAX_ITEMS = 100_000  # topics, or partitions per topic, one request may name
 
@@ -45,22 +47,105 @@ class PartitionResult:
 
 
 def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
-    reader = Reader(body, flexible=version >= 9)
-    transactional_id = reader.string() if version >= 3 else None
-    acks = reader.int16()
-    timeout_ms = reader.int32()
-    topics = []
-    for _ in range(max(reader.array_length(MAX_ITEMS), 0)):
-        name = reader.string() or ""
-        partitions = []
-        for _ in range(max(reader.array_length(MAX_ITEMS), 0)):
-            index = reader.int32()
-            partitions.append(PartitionData(index, reader.bytes_view()))
-            reader.tags()
-        reader.tags()
-        topics.append(TopicData(name, partitions))
-    reader.tags()
+    """Decode a Produce request body; records stay views into `body`. Straight-line code
+    (no per-field calls): this runs once per produce request. Every length is bounded."""
+    flexible = version >= 9
+    end = len(body)
+    try:
+        position = 0
+        transactional_id = None
+        if version >= 3:
+            transactional_id, position = _string(body, position, flexible)
+        acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(body, position)
+        position += _ACKS_TIMEOUT.size
+        count, position = _length(body, position, flexible)
+        _bound(count, end - position)
+        topics = []
+        for _ in range(count):
+            name, position = _string(body, position, flexible)
+            partitions_count, position = _length(body, position, flexible)
+            _bound(partitions_count, end - position)
+            partitions = []
+            for _ in range(partitions_count):
+                (index,) = _INT32.unpack_from(body, position)
+                size, position = _length(body, position + 4, flexible)
+                records = None
+                if size >= 0:
+                    if position + size > end:
+                        raise CorruptRecordError(f"records of {size} bytes run past the request")
+                    records = body[position : position + size]
+                    position += size
+                if flexible:
+                    position = _skip_tags(body, position)
+                partitions.append(PartitionData(index, records))
+            if flexible:
+                position = _skip_tags(body, position)
+            topics.append(TopicData(name or "", partitions))
+        if flexible:
+            _skip_tags(body, position)
+    except (struct.error, IndexError) as exc:
+        raise CorruptRecordError(f"produce request v{version} is truncated") from exc
     return ProduceRequest(transactional_id, acks, timeout_ms, topics)
+
+
+_ACKS_TIMEOUT = struct.Struct(">hi")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+def _bound(count: int, remaining: int) -> None:
+    if count > remaining or count > MAX_ITEMS:
+        raise CorruptRecordError(f"array of {count} elements cannot fit the request")
+
+
+def _uvarint(body: memoryview, position: int) -> tuple[int, int]:
+    value = shift = 0
+    for _ in range(5):
+        byte = body[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+    raise CorruptRecordError("varint longer than 5 bytes")
+
+
+def _length(body: memoryview, position: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        byte = body[position]
+        if byte < 0x80:
+            return byte - 1, position + 1
+        value, position = _uvarint(body, position)
+        return value - 1, position
+    return _INT32.unpack_from(body, position)[0], position + 4
+
+
+def _string(body: memoryview, position: int, flexible: bool) -> tuple[str | None, int]:
+    if flexible:
+        size, position = _length(body, position, True)
+    else:
+        size, position = _INT16.unpack_from(body, position)[0], position + 2
+    if size < 0:
+        return None, position
+    if position + size > len(body):
+        raise CorruptRecordError(f"string of {size} bytes runs past the request")
+    try:
+        return bytes(body[position : position + size]).decode(), position + size
+    except UnicodeDecodeError as exc:
+        raise CorruptRecordError("string is not UTF-8") from exc
+
+
+def _skip_tags(body: memoryview, position: int) -> int:
+    if body[position] == 0:  # no tagged fields: the usual case
+        return position + 1
+    count, position = _uvarint(body, position)
+    for _ in range(count):
+        _, position = _uvarint(body, position)
+        size, position = _uvarint(body, position)
+        position += size
+    if position > len(body):
+        raise CorruptRecordError("tagged field runs past the request")
+    return position
 
 
 def encode_produce_response(
