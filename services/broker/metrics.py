@@ -7,6 +7,7 @@ are read from the logs when Prometheus scrapes, so appends pay nothing for them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -79,16 +80,41 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # Labelled children looked up once: labels() costs more than the increment itself.
+        self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._topic_in: dict[str, tuple[Any, Any]] = {}
+        self._topic_out: dict[str, tuple[Any, Any]] = {}
+
+    def request(self, api: str, version: int, seconds: float) -> None:
+        children = self._request_children.get((api, version))
+        if children is None:
+            children = (self.requests.labels(api, str(version)), self.latency.labels(api))
+            self._request_children[(api, version)] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
     def watch_logs(self, logs: LogManager) -> None:
         self.registry.register(_LogCollector(lambda: logs))
 
     def produced(self, topic: str, records: int, size: int) -> None:
-        self.records_in.labels(topic).inc(records)
-        self.bytes_in.labels(topic).inc(size)
+        children = self._topic_in.get(topic)
+        if children is None:
+            children = self._topic_in[topic] = (
+                self.records_in.labels(topic),
+                self.bytes_in.labels(topic),
+            )
+        children[0].inc(records)
+        children[1].inc(size)
 
     def fetched(self, topic: str, records: int, size: int) -> None:
-        self.records_out.labels(topic).inc(records)
-        self.bytes_out.labels(topic).inc(size)
+        children = self._topic_out.get(topic)
+        if children is None:
+            children = self._topic_out[topic] = (
+                self.records_out.labels(topic),
+                self.bytes_out.labels(topic),
+            )
+        children[0].inc(records)
+        children[1].inc(size)
 
     def request_error(self, api: str, code: ErrorCode) -> None:
         self.errors.labels(api, code.name).inc()

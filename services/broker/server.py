@@ -94,15 +94,15 @@ class KafkaServer:
 
     async def _request(self, connection: socket.socket, frame: memoryview) -> None:
         started = time.perf_counter()
-        parts, api_name = await self.respond(frame)
+        parts, api_name, version = await self.respond(frame)
         if parts is not None:
             await self._send(connection, parts)
-        self.metrics.latency.labels(api_name).observe(time.perf_counter() - started)
+        self.metrics.request(api_name, version, time.perf_counter() - started)
 
-    async def respond(self, frame: memoryview) -> tuple[list[Part] | None, str]:
+    async def respond(self, frame: memoryview) -> tuple[list[Part] | None, str, int]:
         """The response to one request frame (None when the request wants none, as Produce
-        with acks=0), and the API's name. Raises BadRequestError or RecordError for bytes
-        that are not a request to answer: the caller closes the connection."""
+        with acks=0), with the API's name and version. Raises BadRequestError or RecordError
+        for bytes that are not a request to answer: the caller closes the connection."""
         header = parse_request_header(frame)
         api = header.api
         if api is None:
@@ -117,20 +117,20 @@ class KafkaServer:
             # KIP-511: answer in v0 with UNSUPPORTED_VERSION and the ranges served.
             self.metrics.request_error(name, ErrorCode.UNSUPPORTED_VERSION)
             answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
-            return [response_header(header) + bytes(answer.encode(version=0))], name
+            return [response_header(header) + bytes(answer.encode(version=0))], name, 0
         try:
             request = api.decode(frame[header.size :], header.api_version)
         except Exception as error:
             raise BadRequestError(
                 f"{name} v{header.api_version} request does not decode: {error!r}"
             ) from error
-        self.metrics.requests.labels(name, str(header.api_version)).inc()
         response = await self.apis.handle(api, header, request)
+        version = header.api_version
         if response is None:
-            return None, name
+            return None, name, version
         if isinstance(response, list):
-            return [response_header(header), *response], name
-        return [encode_response(header, response)], name
+            return [response_header(header), *response], name, version
+        return [encode_response(header, response)], name, version
 
     async def _send(self, connection: socket.socket, parts: list[Part]) -> None:
         """Send one size-prefixed response: byte parts in as few sends as possible, file

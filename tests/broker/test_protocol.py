@@ -237,7 +237,7 @@ def test_every_valid_request_is_answered():
     with tempfile.TemporaryDirectory() as name:
         broker = InProcessBroker(Path(name))
         for raw in VALID:
-            parts, _ = broker.respond(raw)
+            parts, _, _ = broker.respond(raw)
             assert parts and struct.unpack_from(">i", parts[0], 0)[0] == 1  # correlation id
         broker.logs.close()
 
@@ -246,7 +246,7 @@ def test_unsupported_api_versions_version_gets_the_kip_511_answer():
     with tempfile.TemporaryDirectory() as name:
         broker = InProcessBroker(Path(name))
         raw = struct.pack(">hhih", ApiKey.API_VERSIONS, 99, 7, -1)
-        parts, _ = broker.respond(raw)
+        parts, _, _ = broker.respond(raw)
         body = b"".join(parts)
         correlation, error_code, count = struct.unpack_from(">ihi", body, 0)
         assert (correlation, error_code, count) == (7, 35, len(APIS))  # UNSUPPORTED_VERSION
