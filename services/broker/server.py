@@ -27,6 +27,8 @@ from services.broker.storage import FileSlice
 
 log = logging.getLogger(__name__)
 
+_FETCH_KEY = ApiKey.FETCH.to_bytes(2, "big")
+
 
 class BadRequestError(Exception):
     """Bytes that are not a request this broker can answer: the connection is closed."""
@@ -79,8 +81,15 @@ class KafkaServer:
                 if not received:
                     return
                 reader.received(received)
+                outbox = bytearray()
                 for frame in reader.frames():
-                    await self._request(connection, frame)
+                    if outbox and frame[:2] == _FETCH_KEY:
+                        # A fetch may wait (long poll): answers already made go out first.
+                        await loop.sock_sendall(connection, outbox)
+                        outbox = bytearray()
+                    outbox = await self._request(connection, frame, outbox)
+                if outbox:
+                    await loop.sock_sendall(connection, outbox)
         except (FrameTooLargeError, BadRequestError, RecordError) as error:
             self.metrics.closed_for_bad_input.inc()
             log.warning("closing connection from %s: %s", peer, error)
@@ -92,12 +101,17 @@ class KafkaServer:
             self.metrics.connections.dec()
             connection.close()
 
-    async def _request(self, connection: socket.socket, frame: memoryview) -> None:
+    async def _request(
+        self, connection: socket.socket, frame: memoryview, outbox: bytearray
+    ) -> bytearray:
+        """Answer one frame. Byte answers join `outbox`, so the answers to requests that
+        arrived together (pipelined produces) leave in one send; returns what is unsent."""
         started = time.perf_counter()
         parts, api_name, version = await self.respond(frame)
         if parts is not None:
-            await self._send(connection, parts)
+            outbox = await self._send(connection, parts, outbox)
         self.metrics.request(api_name, version, time.perf_counter() - started)
+        return outbox
 
     async def respond(self, frame: memoryview) -> tuple[list[Part] | None, str, int]:
         """The response to one request frame (None when the request wants none, as Produce
@@ -132,22 +146,24 @@ class KafkaServer:
             return [response_header(header), *response], name, version
         return [encode_response(header, response)], name, version
 
-    async def _send(self, connection: socket.socket, parts: list[Part]) -> None:
-        """Send one size-prefixed response: byte parts in as few sends as possible, file
-        slices with sendfile."""
+    async def _send(
+        self, connection: socket.socket, parts: list[Part], outbox: bytearray
+    ) -> bytearray:
+        """Queue one size-prefixed response behind `outbox`; file slices go out at once
+        with sendfile (after what is queued). Returns the bytes still queued."""
         loop = asyncio.get_running_loop()
-        size = sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts)
-        pending = bytearray(size.to_bytes(4, "big"))
+        outbox += sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts).to_bytes(
+            4, "big"
+        )
         for part in parts:
             if isinstance(part, FileSlice):
-                if pending:
-                    await loop.sock_sendall(connection, pending)
-                    pending = bytearray()
+                if outbox:
+                    await loop.sock_sendall(connection, outbox)
+                    outbox = bytearray()
                 await _sendfile(connection, part)
             else:
-                pending += part
-        if pending:
-            await loop.sock_sendall(connection, pending)
+                outbox += part
+        return outbox
 
 
 async def _sendfile(connection: socket.socket, part: FileSlice) -> None:
