@@ -474,6 +474,7 @@ def bench_broker(
                     if any(e.startswith(f"{job.figure}:") for e in errors):
                         continue  # failed once: not again
                     topic = f"bench-{job.figure}-{nonce}-{rnd}".replace("_", "-")
+                    os.sync()  # no writeback of an earlier workload's files during this one
                     try:
                         rate, checks = job.run(broker.bootstrap, topic, args.time_limit)
                     except Exception as exc:  # any failure of the broker under test is reported

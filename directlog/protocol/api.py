@@ -16,6 +16,7 @@ from enum import IntEnum
 from typing import Any
 
 from directlog.protocol.produce import decode_produce_request
+from directlog.protocol.wire import skip_tagged_fields
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
@@ -150,33 +151,8 @@ def parse_request_header(frame: Buffer) -> RequestHeader:
         and api.min_version <= api_version <= api.max_version
         and api.flexible(api_version)
     ):
-        position = _skip_tagged_fields(frame, position)
+        position = skip_tagged_fields(frame, position)
     return RequestHeader(api_key, api_version, correlation_id, client_id, position)
-
-
-def _skip_tagged_fields(frame: Buffer, position: int) -> int:
-    count, position = _read_uvarint(frame, position)
-    for _ in range(count):
-        _, position = _read_uvarint(frame, position)
-        size, position = _read_uvarint(frame, position)
-        position += size
-        if position > len(frame):
-            raise CorruptRecordError("tagged field runs past the request header")
-    return position
-
-
-def _read_uvarint(frame: Buffer, position: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(5):
-        if position >= len(frame):
-            raise CorruptRecordError("truncated varint in the request header")
-        byte = frame[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-    raise CorruptRecordError("varint longer than 5 bytes in the request header")
 
 
 def response_header(header: RequestHeader) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from directlog.protocol.wire import Writer
+from directlog.protocol.wire import Writer, read_uvarint, skip_tagged_fields
 from directlog.records.errors import CorruptRecordError
 
 MAX_ITEMS = 100_000  # topics, or partitions per topic, one request may name
@@ -76,13 +76,13 @@ def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
                     records = body[position : position + size]
                     position += size
                 if flexible:
-                    position = _skip_tags(body, position)
+                    position = skip_tagged_fields(body, position)
                 partitions.append(PartitionData(index, records))
             if flexible:
-                position = _skip_tags(body, position)
+                position = skip_tagged_fields(body, position)
             topics.append(TopicData(name or "", partitions))
         if flexible:
-            _skip_tags(body, position)
+            skip_tagged_fields(body, position)
     except (struct.error, IndexError) as exc:
         raise CorruptRecordError(f"produce request v{version} is truncated") from exc
     return ProduceRequest(transactional_id, acks, timeout_ms, topics)
@@ -98,24 +98,12 @@ def _bound(count: int, remaining: int) -> None:
         raise CorruptRecordError(f"array of {count} elements cannot fit the request")
 
 
-def _uvarint(body: memoryview, position: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(5):
-        byte = body[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-    raise CorruptRecordError("varint longer than 5 bytes")
-
-
 def _length(body: memoryview, position: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         byte = body[position]
         if byte < 0x80:
             return byte - 1, position + 1
-        value, position = _uvarint(body, position)
+        value, position = read_uvarint(body, position)
         return value - 1, position
     return _INT32.unpack_from(body, position)[0], position + 4
 
@@ -133,19 +121,6 @@ def _string(body: memoryview, position: int, flexible: bool) -> tuple[str | None
         return bytes(body[position : position + size]).decode(), position + size
     except UnicodeDecodeError as exc:
         raise CorruptRecordError("string is not UTF-8") from exc
-
-
-def _skip_tags(body: memoryview, position: int) -> int:
-    if body[position] == 0:  # no tagged fields: the usual case
-        return position + 1
-    count, position = _uvarint(body, position)
-    for _ in range(count):
-        _, position = _uvarint(body, position)
-        size, position = _uvarint(body, position)
-        position += size
-    if position > len(body):
-        raise CorruptRecordError("tagged field runs past the request")
-    return position
 
 
 def encode_produce_response(

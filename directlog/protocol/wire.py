@@ -1,4 +1,5 @@
-"""Writing primitive Kafka wire types for the hand-written responses (Produce, Fetch).
+"""Primitive Kafka wire types for the hand-written hot paths (request headers, Produce,
+Fetch).
 
 Classic versions use int16/int32 lengths with -1 for null; flexible versions use unsigned
 varints of length + 1 (0 for null) and end each struct with tagged fields.
@@ -8,12 +9,10 @@ from __future__ import annotations
 
 import struct
 
-_I8, _I16, _I32, _I64 = (
-    struct.Struct(">b"),
-    struct.Struct(">h"),
-    struct.Struct(">i"),
-    struct.Struct(">q"),
-)
+from directlog.records.errors import CorruptRecordError
+from directlog.records.varint import Buffer
+
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
 class Writer:
@@ -55,3 +54,32 @@ class Writer:
     def tags(self) -> None:
         if self.flexible:
             self.buffer.append(0)
+
+
+def read_uvarint(data: Buffer, position: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes at data[position], and the position after it."""
+    value = shift = 0
+    for _ in range(5):
+        if position >= len(data):
+            raise CorruptRecordError("truncated varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+    raise CorruptRecordError("varint longer than 5 bytes")
+
+
+def skip_tagged_fields(data: Buffer, position: int) -> int:
+    """The position after a tagged-fields section (usually the single byte 0)."""
+    if position < len(data) and data[position] == 0:
+        return position + 1
+    count, position = read_uvarint(data, position)
+    for _ in range(count):
+        _, position = read_uvarint(data, position)
+        size, position = read_uvarint(data, position)
+        position += size
+        if position > len(data):
+            raise CorruptRecordError("tagged field runs past its message")
+    return position

@@ -21,6 +21,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import ConfigResource, ResourceType
 
+from tests.e2e.records import recent_base_timestamp, varied_keys_and_values
+
 pytestmark = pytest.mark.timeout(60)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -35,19 +37,9 @@ def make_records(
     bytes, some repetitive text), explicit timestamps, and headers (repeated names, a null
     value, and some records without any)."""
     rng = random.Random(seed)
-    # Recent timestamps: records older than retention.ms (7 days) may be deleted at once.
-    base_timestamp = int(time.time() * 1000) - 3_600_000
+    base_timestamp = recent_base_timestamp()
     records = []
-    for i in range(count):
-        key = None if i % 97 == 13 else f"key-{seed}-{i:05d}".encode()
-        if i % 101 == 7:
-            value: bytes | None = None
-        elif i % 89 == 3:
-            value = b""
-        elif i % 3 == 0:
-            value = rng.randbytes(rng.randint(1, 700))
-        else:
-            value = (f"value {i} of seed {seed}; " * rng.randint(1, 40)).encode()
+    for i, (key, value) in enumerate(varied_keys_and_values(count, seed, "value")):
         record: dict[str, Any] = {"key": key, "value": value, "timestamp": base_timestamp + i}
         if partition is not None:
             record["partition"] = partition

@@ -7,13 +7,14 @@ yet). Every test checks the exact content and order of the records read back.
 
 from __future__ import annotations
 
-import random
 import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.e2e.records import recent_base_timestamp, varied_keys_and_values
 
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -35,19 +36,9 @@ TIMEOUT = 15  # seconds, for each future and request
 def make_records(count: int, seed: int, *, headers: bool = True) -> list[dict[str, Any]]:
     """KafkaProducer.send kwargs: varied keys and values (some null, some empty), recent
     explicit timestamps, and headers (a repeated name; some records without any)."""
-    rng = random.Random(seed)
-    base_timestamp = int(time.time() * 1000) - 3_600_000
+    base_timestamp = recent_base_timestamp()
     records = []
-    for i in range(count):
-        key = None if i % 97 == 13 else f"kp-{seed}-{i:05d}".encode()
-        if i % 101 == 7:
-            value: bytes | None = None
-        elif i % 89 == 3:
-            value = b""
-        elif i % 3 == 0:
-            value = rng.randbytes(rng.randint(1, 700))
-        else:
-            value = (f"kafka-python {i} seed {seed}. " * rng.randint(1, 40)).encode()
+    for i, (key, value) in enumerate(varied_keys_and_values(count, seed, "kafka-python")):
         record: dict[str, Any] = {
             "key": key,
             "value": value,
