@@ -1,0 +1,1 @@
+"""The consensus service: a ZAB ensemble that serves the ZooKeeper client protocol."""

@@ -1,0 +1,664 @@
+"""Jute records of the ZooKeeper client protocol (zookeeper.jute, org.apache.zookeeper.proto
+and .data), one frozen dataclass each, fields in wire order.
+
+Every record has `write(Writer)` and `read(Reader)`. ustrings are `str` (null reads as "");
+buffers are `bytes | None` because a znode's data may really be null; vectors are tuples
+(null reads as empty).
+"""
+
+from dataclasses import dataclass
+from typing import Self
+
+from services.consensus.jute.codes import ErrorCode, OpCode
+from services.consensus.jute.errors import EncodeError, MalformedError
+from services.consensus.jute.primitives import Reader, Writer
+
+# Smallest encodings, used to bound a vector's count before decoding its elements.
+USTRING_MIN = 4
+ACL_MIN = 4 + USTRING_MIN + USTRING_MIN
+STAT_SIZE = 8 * 4 + 4 * 3 + 8 + 4 * 2 + 8
+MULTI_HEADER_SIZE = 4 + 1 + 4
+
+
+@dataclass(frozen=True, slots=True)
+class Id:
+    scheme: str
+    id: str
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.scheme)
+        w.write_ustring(self.id)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("Id.scheme"), r.read_ustring("Id.id"))
+
+
+@dataclass(frozen=True, slots=True)
+class ACL:
+    perms: int
+    id: Id
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.perms)
+        self.id.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_int("ACL.perms"), Id.read(r))
+
+
+def _write_acls(w: Writer, acl: tuple[ACL, ...]) -> None:
+    w.write_vector(acl, lambda a: a.write(w))
+
+
+def _read_acls(r: Reader, field: str) -> tuple[ACL, ...]:
+    return r.read_vector(field, lambda: ACL.read(r), ACL_MIN)
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    czxid: int
+    mzxid: int
+    ctime: int
+    mtime: int
+    version: int
+    cversion: int
+    aversion: int
+    ephemeral_owner: int
+    data_length: int
+    num_children: int
+    pzxid: int
+
+    def write(self, w: Writer) -> None:
+        w.write_long(self.czxid)
+        w.write_long(self.mzxid)
+        w.write_long(self.ctime)
+        w.write_long(self.mtime)
+        w.write_int(self.version)
+        w.write_int(self.cversion)
+        w.write_int(self.aversion)
+        w.write_long(self.ephemeral_owner)
+        w.write_int(self.data_length)
+        w.write_int(self.num_children)
+        w.write_long(self.pzxid)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            czxid=r.read_long("Stat.czxid"),
+            mzxid=r.read_long("Stat.mzxid"),
+            ctime=r.read_long("Stat.ctime"),
+            mtime=r.read_long("Stat.mtime"),
+            version=r.read_int("Stat.version"),
+            cversion=r.read_int("Stat.cversion"),
+            aversion=r.read_int("Stat.aversion"),
+            ephemeral_owner=r.read_long("Stat.ephemeralOwner"),
+            data_length=r.read_int("Stat.dataLength"),
+            num_children=r.read_int("Stat.numChildren"),
+            pzxid=r.read_long("Stat.pzxid"),
+        )
+
+
+# --- session ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRequest:
+    """First packet of a connection, sent without a RequestHeader. read_only is the trailing
+    boolean 3.4+ clients append; an older client's packet ends before it and reads False."""
+
+    protocol_version: int
+    last_zxid_seen: int
+    time_out: int
+    session_id: int
+    passwd: bytes | None
+    read_only: bool = False
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.protocol_version)
+        w.write_long(self.last_zxid_seen)
+        w.write_int(self.time_out)
+        w.write_long(self.session_id)
+        w.write_buffer(self.passwd)
+        w.write_bool(self.read_only)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        protocol_version = r.read_int("ConnectRequest.protocolVersion")
+        last_zxid_seen = r.read_long("ConnectRequest.lastZxidSeen")
+        time_out = r.read_int("ConnectRequest.timeOut")
+        session_id = r.read_long("ConnectRequest.sessionId")
+        passwd = r.read_buffer("ConnectRequest.passwd")
+        read_only = r.read_bool("ConnectRequest.readOnly") if r.remaining else False
+        return cls(protocol_version, last_zxid_seen, time_out, session_id, passwd, read_only)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectResponse:
+    """Answer to ConnectRequest; servers append read_only after the jute record, and a
+    response from a server that does not reads False."""
+
+    protocol_version: int
+    time_out: int
+    session_id: int
+    passwd: bytes | None
+    read_only: bool = False
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.protocol_version)
+        w.write_int(self.time_out)
+        w.write_long(self.session_id)
+        w.write_buffer(self.passwd)
+        w.write_bool(self.read_only)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        protocol_version = r.read_int("ConnectResponse.protocolVersion")
+        time_out = r.read_int("ConnectResponse.timeOut")
+        session_id = r.read_long("ConnectResponse.sessionId")
+        passwd = r.read_buffer("ConnectResponse.passwd")
+        read_only = r.read_bool("ConnectResponse.readOnly") if r.remaining else False
+        return cls(protocol_version, time_out, session_id, passwd, read_only)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    xid: int
+    type: int
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.xid)
+        w.write_int(self.type)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_int("RequestHeader.xid"), r.read_int("RequestHeader.type"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyHeader:
+    xid: int
+    zxid: int
+    err: int
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.xid)
+        w.write_long(self.zxid)
+        w.write_int(self.err)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_int("ReplyHeader.xid"),
+            r.read_long("ReplyHeader.zxid"),
+            r.read_int("ReplyHeader.err"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthPacket:
+    type: int
+    scheme: str
+    auth: bytes | None
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.type)
+        w.write_ustring(self.scheme)
+        w.write_buffer(self.auth)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_int("AuthPacket.type"),
+            r.read_ustring("AuthPacket.scheme"),
+            r.read_buffer("AuthPacket.auth"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SetWatches:
+    """Sent on reconnect (xid -8) to re-arm the watches a client held."""
+
+    relative_zxid: int
+    data_watches: tuple[str, ...]
+    exist_watches: tuple[str, ...]
+    child_watches: tuple[str, ...]
+
+    def write(self, w: Writer) -> None:
+        w.write_long(self.relative_zxid)
+        w.write_ustrings(self.data_watches)
+        w.write_ustrings(self.exist_watches)
+        w.write_ustrings(self.child_watches)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        relative_zxid = r.read_long("SetWatches.relativeZxid")
+        return cls(
+            relative_zxid,
+            _read_ustrings(r, "SetWatches.dataWatches"),
+            _read_ustrings(r, "SetWatches.existWatches"),
+            _read_ustrings(r, "SetWatches.childWatches"),
+        )
+
+
+def _read_ustrings(r: Reader, field: str) -> tuple[str, ...]:
+    return r.read_vector(field, lambda: r.read_ustring(field), USTRING_MIN)
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherEvent:
+    """Body of a notification (ReplyHeader xid -1)."""
+
+    type: int
+    state: int
+    path: str
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.type)
+        w.write_int(self.state)
+        w.write_ustring(self.path)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_int("WatcherEvent.type"),
+            r.read_int("WatcherEvent.state"),
+            r.read_ustring("WatcherEvent.path"),
+        )
+
+
+# --- requests --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """Body of create (1) and create2 (15); the header's type tells them apart."""
+
+    path: str
+    data: bytes | None
+    acl: tuple[ACL, ...]
+    flags: int
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        w.write_buffer(self.data)
+        _write_acls(w, self.acl)
+        w.write_int(self.flags)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_ustring("CreateRequest.path"),
+            r.read_buffer("CreateRequest.data"),
+            _read_acls(r, "CreateRequest.acl"),
+            r.read_int("CreateRequest.flags"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    path: str
+    version: int
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        w.write_int(self.version)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("DeleteRequest.path"), r.read_int("DeleteRequest.version"))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckVersionRequest:
+    path: str
+    version: int
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        w.write_int(self.version)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_ustring("CheckVersionRequest.path"),
+            r.read_int("CheckVersionRequest.version"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PathWatchRequest:
+    """Body of exists (3), getData (4), getChildren (8) and getChildren2 (12): the four
+    share one layout (ExistsRequest, GetDataRequest, GetChildrenRequest, GetChildren2Request)."""
+
+    path: str
+    watch: bool
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        w.write_bool(self.watch)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("request.path"), r.read_bool("request.watch"))
+
+
+ExistsRequest = GetDataRequest = GetChildrenRequest = GetChildren2Request = PathWatchRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PathRequest:
+    """Body of getACL (6) and sync (9): GetACLRequest and SyncRequest are a lone path."""
+
+    path: str
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("request.path"))
+
+
+GetACLRequest = SyncRequest = PathRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SetDataRequest:
+    path: str
+    data: bytes | None
+    version: int
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        w.write_buffer(self.data)
+        w.write_int(self.version)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_ustring("SetDataRequest.path"),
+            r.read_buffer("SetDataRequest.data"),
+            r.read_int("SetDataRequest.version"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SetACLRequest:
+    path: str
+    acl: tuple[ACL, ...]
+    version: int
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        _write_acls(w, self.acl)
+        w.write_int(self.version)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_ustring("SetACLRequest.path"),
+            _read_acls(r, "SetACLRequest.acl"),
+            r.read_int("SetACLRequest.version"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MultiHeader:
+    """Precedes each op of a multi and each of its results; type -1 with done ends the list."""
+
+    type: int
+    done: bool
+    err: int
+
+    def write(self, w: Writer) -> None:
+        w.write_int(self.type)
+        w.write_bool(self.done)
+        w.write_int(self.err)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_int("MultiHeader.type"),
+            r.read_bool("MultiHeader.done"),
+            r.read_int("MultiHeader.err"),
+        )
+
+
+MULTI_END = MultiHeader(-1, True, -1)
+
+MultiOpBody = CreateRequest | DeleteRequest | SetDataRequest | CheckVersionRequest
+
+_MULTI_OP_BODIES: dict[int, type[MultiOpBody]] = {
+    OpCode.CREATE: CreateRequest,
+    OpCode.CREATE2: CreateRequest,
+    OpCode.DELETE: DeleteRequest,
+    OpCode.SET_DATA: SetDataRequest,
+    OpCode.CHECK: CheckVersionRequest,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MultiOp:
+    """One op of a multi: its opcode (create and create2 share a body) and its body."""
+
+    type: int
+    body: MultiOpBody
+
+
+@dataclass(frozen=True, slots=True)
+class MultiRequest:
+    """Body of multi (14), as MultiOperationRecord writes it: each op is MultiHeader(type,
+    false, -1) then its body, and MULTI_END closes the list."""
+
+    ops: tuple[MultiOp, ...]
+
+    def write(self, w: Writer) -> None:
+        for op in self.ops:
+            if _MULTI_OP_BODIES.get(op.type) is not type(op.body):
+                raise EncodeError(f"multi op type {op.type} cannot carry {type(op.body).__name__}")
+            MultiHeader(op.type, False, -1).write(w)
+            op.body.write(w)
+        MULTI_END.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        ops: list[MultiOp] = []
+        while True:
+            header = MultiHeader.read(r)
+            if header.done:
+                return cls(tuple(ops))
+            body_type = _MULTI_OP_BODIES.get(header.type)
+            if body_type is None:
+                raise MalformedError(f"multi op {len(ops)} has unsupported type {header.type}")
+            ops.append(MultiOp(header.type, body_type.read(r)))
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PathResponse:
+    """Body of the create (1) and sync (9) replies: CreateResponse and SyncResponse."""
+
+    path: str
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("response.path"))
+
+
+CreateResponse = SyncResponse = PathResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Create2Response:
+    path: str
+    stat: Stat
+
+    def write(self, w: Writer) -> None:
+        w.write_ustring(self.path)
+        self.stat.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_ustring("Create2Response.path"), Stat.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class StatResponse:
+    """Body of the exists (3), setData (5) and setACL (7) replies: ExistsResponse,
+    SetDataResponse and SetACLResponse are a lone Stat."""
+
+    stat: Stat
+
+    def write(self, w: Writer) -> None:
+        self.stat.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(Stat.read(r))
+
+
+ExistsResponse = SetDataResponse = SetACLResponse = StatResponse
+
+
+@dataclass(frozen=True, slots=True)
+class GetDataResponse:
+    data: bytes | None
+    stat: Stat
+
+    def write(self, w: Writer) -> None:
+        w.write_buffer(self.data)
+        self.stat.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_buffer("GetDataResponse.data"), Stat.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class GetACLResponse:
+    acl: tuple[ACL, ...]
+    stat: Stat
+
+    def write(self, w: Writer) -> None:
+        _write_acls(w, self.acl)
+        self.stat.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(_read_acls(r, "GetACLResponse.acl"), Stat.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class GetChildrenResponse:
+    children: tuple[str, ...]
+
+    def write(self, w: Writer) -> None:
+        w.write_ustrings(self.children)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(_read_ustrings(r, "GetChildrenResponse.children"))
+
+
+@dataclass(frozen=True, slots=True)
+class GetChildren2Response:
+    children: tuple[str, ...]
+    stat: Stat
+
+    def write(self, w: Writer) -> None:
+        w.write_ustrings(self.children)
+        self.stat.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(_read_ustrings(r, "GetChildren2Response.children"), Stat.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    """A delete inside a multi succeeded; it has no body on the wire."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """A check inside a multi succeeded; it has no body on the wire."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResult:
+    """An op of a multi failed (or was rolled back, err 0, because another op failed)."""
+
+    err: int
+
+
+MultiResult = (
+    PathResponse | Create2Response | StatResponse | DeleteResult | CheckResult | ErrorResult
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MultiResponse:
+    """Reply to multi, as MultiResponse.serialize writes it: each result is MultiHeader(type,
+    false, err) then its body, where type is the op's opcode, or -1 with ErrorResponse(err)
+    for a failed op; MULTI_END closes the list. A create result is a PathResponse, create2's
+    a Create2Response, setData's a StatResponse."""
+
+    results: tuple[MultiResult, ...]
+
+    def write(self, w: Writer) -> None:
+        for result in self.results:
+            match result:
+                case PathResponse():
+                    MultiHeader(OpCode.CREATE, False, 0).write(w)
+                    result.write(w)
+                case Create2Response():
+                    MultiHeader(OpCode.CREATE2, False, 0).write(w)
+                    result.write(w)
+                case StatResponse():
+                    MultiHeader(OpCode.SET_DATA, False, 0).write(w)
+                    result.write(w)
+                case DeleteResult():
+                    MultiHeader(OpCode.DELETE, False, 0).write(w)
+                case CheckResult():
+                    MultiHeader(OpCode.CHECK, False, 0).write(w)
+                case ErrorResult(err=err):
+                    MultiHeader(OpCode.ERROR, False, err).write(w)
+                    w.write_int(err)
+        MULTI_END.write(w)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        results: list[MultiResult] = []
+        while True:
+            header = MultiHeader.read(r)
+            if header.done:
+                return cls(tuple(results))
+            result: MultiResult
+            match header.type:
+                case OpCode.CREATE:
+                    result = PathResponse.read(r)
+                case OpCode.CREATE2:
+                    result = Create2Response.read(r)
+                case OpCode.SET_DATA:
+                    result = StatResponse.read(r)
+                case OpCode.DELETE:
+                    result = DeleteResult()
+                case OpCode.CHECK:
+                    result = CheckResult()
+                case OpCode.ERROR:
+                    result = ErrorResult(r.read_int("ErrorResponse.err"))
+                case _:
+                    raise MalformedError(
+                        f"multi result {len(results)} has unsupported type {header.type}"
+                    )
+            results.append(result)
+
+
+ROLLED_BACK = ErrorResult(ErrorCode.OK)
