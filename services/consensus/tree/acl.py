@@ -1,0 +1,89 @@
+"""ACLs: the world and digest schemes, creation-time fixup, and permission checks.
+
+The digest scheme stores `user:base64(sha1("user:password"))`; a session proves the id by
+`addauth digest user:password`, which `digest_auth_id` turns into the same string. Auth ids
+are per-connection state on the server a client talks to, so they travel with each request
+(in `Session`) and are never part of the replicated tree.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import NamedTuple
+
+from services.consensus.tree.codes import Code, Perm
+from services.consensus.tree.errors import KeeperError
+
+
+class Id(NamedTuple):
+    scheme: str
+    id: str
+
+
+class ACL(NamedTuple):
+    perms: int
+    id: Id
+
+
+ANYONE = Id("world", "anyone")
+OPEN_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.ALL), ANYONE),)
+READ_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.READ), ANYONE),)
+
+
+def digest(user_password: str) -> str:
+    """The stored digest id for `user:password`."""
+    user, sep, _ = user_password.partition(":")
+    if not sep:
+        raise ValueError("digest credentials must be user:password")
+    sha = hashlib.sha1(user_password.encode()).digest()
+    return f"{user}:{base64.b64encode(sha).decode()}"
+
+
+def digest_auth_id(user_password: str) -> Id:
+    """The auth id an `addauth digest user:password` grants a session."""
+    return Id("digest", digest(user_password))
+
+
+def _valid_id(ident: Id) -> bool:
+    if ident.scheme == "world":
+        return ident.id == "anyone"
+    if ident.scheme == "digest":
+        return len(ident.id.split(":")) == 2
+    return False
+
+
+def fixup_acl(acl: tuple[ACL, ...], auth: frozenset[Id]) -> tuple[ACL, ...]:
+    """Validate an ACL for create/setACL; expands the `auth` scheme, drops duplicates.
+
+    Order is kept (first occurrence wins) so every member stores the same list.
+    """
+    if not acl:
+        raise KeeperError(Code.INVALIDACL)
+    out: list[ACL] = []
+    for entry in acl:
+        if entry.perms & ~int(Perm.ALL) or entry.perms < 0:
+            raise KeeperError(Code.INVALIDACL)
+        if entry.id.scheme == "auth":
+            granted = sorted(i for i in auth if i.scheme == "digest")
+            if not granted:
+                raise KeeperError(Code.INVALIDACL)
+            expanded = [ACL(entry.perms, i) for i in granted]
+        elif _valid_id(entry.id):
+            expanded = [entry]
+        else:
+            raise KeeperError(Code.INVALIDACL)
+        out.extend(e for e in expanded if e not in out)
+    return tuple(out)
+
+
+def check_acl(acl: tuple[ACL, ...], perm: Perm, auth: frozenset[Id], path: str = "") -> None:
+    """Raise NOAUTH unless some entry grants `perm` to anyone or to one of `auth`."""
+    if not acl:
+        return
+    for entry in acl:
+        if not entry.perms & perm:
+            continue
+        if entry.id == ANYONE or entry.id in auth:
+            return
+    raise KeeperError(Code.NOAUTH, path)

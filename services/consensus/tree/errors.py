@@ -1,0 +1,18 @@
+"""Typed failures of the data tree."""
+
+from __future__ import annotations
+
+from services.consensus.tree.codes import Code
+
+
+class KeeperError(Exception):
+    """A request (or read) failed with a ZooKeeper error code; nothing was changed."""
+
+    def __init__(self, code: Code, path: str = "") -> None:
+        super().__init__(f"{code.name} {path}".rstrip())
+        self.code = code
+        self.path = path
+
+
+class CorruptSnapshotError(ValueError):
+    """A snapshot failed its magic, version, checksum or structural checks."""

@@ -1,0 +1,281 @@
+"""Requests, transactions, results and events of the data tree.
+
+A request is what a client asks; `prepare` resolves it against the tree into a transaction
+carrying everything `apply` needs (sequential names, new versions, fixed-up ACLs, the
+ephemerals a closing session owns), so applying is a pure function of tree and txn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.consensus.tree.acl import ACL, Id
+from services.consensus.tree.codes import Code, CreateMode, EventType
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    czxid: int
+    mzxid: int
+    ctime: int
+    mtime: int
+    version: int
+    cversion: int
+    aversion: int
+    ephemeral_owner: int
+    data_length: int
+    num_children: int
+    pzxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Who sends a request: the session id and the auth ids its connection proved."""
+
+    session_id: int
+    auth: frozenset[Id] = frozenset()
+
+    def with_auth(self, ident: Id) -> Session:
+        return Session(self.session_id, self.auth | {ident})
+
+
+# -- requests -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    path: str
+    data: bytes = b""
+    acl: tuple[ACL, ...] = ()
+    mode: CreateMode = CreateMode.PERSISTENT
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    path: str
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SetData:
+    path: str
+    data: bytes
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SetACL:
+    path: str
+    acl: tuple[ACL, ...]
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    path: str
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteContainer:
+    """System request a leader makes from `containers_to_delete()`; no ACL or session."""
+
+    path: str
+
+
+MultiOp = Create | Delete | SetData | SetACL | Check
+
+
+@dataclass(frozen=True, slots=True)
+class Multi:
+    ops: tuple[MultiOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSession:
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    pass
+
+
+Request = MultiOp | Multi | DeleteContainer | CreateSession | CloseSession
+
+# -- transactions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTxn:
+    path: str
+    data: bytes
+    acl: tuple[ACL, ...]
+    ephemeral_owner: int  # 0, a session id, or CONTAINER_OWNER
+    parent_cversion: int  # the parent's cversion after this create
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTxn:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetDataTxn:
+    path: str
+    data: bytes
+    version: int  # the node's version after this write
+
+
+@dataclass(frozen=True, slots=True)
+class SetACLTxn:
+    path: str
+    acl: tuple[ACL, ...]
+    aversion: int  # the node's aversion after this write
+
+
+@dataclass(frozen=True, slots=True)
+class CheckTxn:
+    path: str
+
+
+SubTxn = CreateTxn | DeleteTxn | SetDataTxn | SetACLTxn | CheckTxn
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTxn:
+    ops: tuple[SubTxn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSessionTxn:
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSessionTxn:
+    ephemerals: tuple[str, ...]  # sorted; every node the session owns at apply time
+
+
+TxnBody = SubTxn | MultiTxn | CreateSessionTxn | CloseSessionTxn
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """One proposal: header (zxid, leader's clock, session) and body."""
+
+    zxid: int
+    time_ms: int
+    session_id: int
+    body: TxnBody
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A request that failed validation: nothing to propose, nothing applied.
+
+    For a multi, `op_codes` has one code per op in ZooKeeper's convention: OK for ops
+    before the failing one, its code for it, RUNTIMEINCONSISTENCY for the ones after.
+    """
+
+    code: Code
+    op_codes: tuple[Code, ...] = ()
+
+
+# -- results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    path: str
+    stat: Stat
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetDataResult:
+    stat: Stat
+
+
+@dataclass(frozen=True, slots=True)
+class SetACLResult:
+    stat: Stat
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    path: str
+
+
+OpResult = CreateResult | DeleteResult | SetDataResult | SetACLResult | CheckResult
+
+
+@dataclass(frozen=True, slots=True)
+class MultiResult:
+    results: tuple[OpResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResult:
+    session_id: int
+    created: bool  # False for a close
+
+
+Result = OpResult | MultiResult | SessionResult
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WatchEvent:
+    session_id: int
+    type: EventType
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    zxid: int
+    result: Result
+    events: tuple[WatchEvent, ...] = field(default=())
+
+
+# -- paths ----------------------------------------------------------------------------
+
+
+def validate_path(path: str) -> None:
+    """PathUtils.validatePath: absolute, no empty, '.' or '..' segments, no NUL."""
+    if not path.startswith("/") or "\0" in path:
+        raise ValueError(path)
+    if path == "/":
+        return
+    if path.endswith("/"):
+        raise ValueError(path)
+    for segment in path[1:].split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(path)
+        for ch in segment:
+            if (
+                ch < " "
+                or "\u007f" <= ch <= "\u009f"
+                or "\ud800" <= ch <= "\uf8ff"
+                or "\ufff0" <= ch <= "\uffff"
+            ):
+                raise ValueError(path)
+
+
+def inc32(value: int) -> int:
+    """`value + 1` with Java int wrap-around, as ZooKeeper's int32 versions behave."""
+    return (value + 1 + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def parent_of(path: str) -> str:
+    assert path != "/" and path.startswith("/")
+    head = path[: path.rindex("/")]
+    return head or "/"
+
+
+def name_of(path: str) -> str:
+    return path[path.rindex("/") + 1 :]
