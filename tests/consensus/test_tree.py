@@ -17,7 +17,6 @@ from services.consensus.tree import (
     Check,
     CheckResult,
     CloseSession,
-    Code,
     CorruptSnapshotError,
     Create,
     CreateMode,
@@ -27,6 +26,7 @@ from services.consensus.tree import (
     Delete,
     DeleteContainer,
     DeleteResult,
+    ErrorCode,
     EventType,
     Id,
     KeeperError,
@@ -76,7 +76,7 @@ class Harness:
         assert isinstance(out, Applied), out
         return out
 
-    def code(self, request: Request, session: Session) -> Code:
+    def code(self, request: Request, session: Session) -> ErrorCode:
         out = self.run(request, session)
         assert isinstance(out, Rejected), out
         return out.code
@@ -125,17 +125,17 @@ def test_create_stat_and_parent_updates(h: Harness) -> None:
     h.ok(Create("/a/b", b"", OPEN_ACL_UNSAFE), s)  # zxid 3
     a = stat_of(h, "/a")
     assert (a.cversion, a.pzxid, a.num_children, a.mzxid, a.version) == (1, 3, 1, 2, 0)
-    assert h.code(Create("/a", b"", OPEN_ACL_UNSAFE), s) == Code.NODEEXISTS
-    assert h.code(Create("/x/y", b"", OPEN_ACL_UNSAFE), s) == Code.NONODE
-    assert h.code(Create("/", b"", OPEN_ACL_UNSAFE), s) == Code.NODEEXISTS
+    assert h.code(Create("/a", b"", OPEN_ACL_UNSAFE), s) == ErrorCode.NODEEXISTS
+    assert h.code(Create("/x/y", b"", OPEN_ACL_UNSAFE), s) == ErrorCode.NONODE
+    assert h.code(Create("/", b"", OPEN_ACL_UNSAFE), s) == ErrorCode.NODEEXISTS
     assert h.tree.last_zxid == 3
 
 
 @pytest.mark.parametrize("path", ["a", "/a/", "//", "/a//b", "/a/.", "/..", "/a\0b", "/a\x01"])
 def test_bad_paths_are_bad_arguments(h: Harness, path: str) -> None:
     s = h.session(1)
-    assert h.code(Create(path, b"", OPEN_ACL_UNSAFE), s) == Code.BADARGUMENTS
-    assert h.code(SetData(path, b""), s) == Code.BADARGUMENTS
+    assert h.code(Create(path, b"", OPEN_ACL_UNSAFE), s) == ErrorCode.BADARGUMENTS
+    assert h.code(SetData(path, b""), s) == ErrorCode.BADARGUMENTS
 
 
 def test_set_data_versions(h: Harness) -> None:
@@ -145,11 +145,11 @@ def test_set_data_versions(h: Harness) -> None:
     assert isinstance(res, SetDataResult)
     assert (res.stat.version, res.stat.mzxid, res.stat.mtime, res.stat.czxid) == (1, 3, 1030, 2)
     assert res.stat.data_length == 2
-    assert h.code(SetData("/a", b"x", 0), s) == Code.BADVERSION
+    assert h.code(SetData("/a", b"x", 0), s) == ErrorCode.BADVERSION
     assert h.ok(SetData("/a", b"333", -1), s).result == SetDataResult(
         Stat(2, 4, 1020, 1040, 2, 0, 0, 0, 3, 0, 2)
     )
-    assert h.code(SetData("/nope", b""), s) == Code.NONODE
+    assert h.code(SetData("/nope", b""), s) == ErrorCode.NONODE
     assert h.tree.get_data("/a", s) == (b"333", stat_of(h, "/a"))
 
 
@@ -158,10 +158,10 @@ def test_delete_versions_notempty_and_parent_stat(h: Harness) -> None:
     h.ok(Create("/a", b"", OPEN_ACL_UNSAFE), s)  # 2
     h.ok(Create("/a/b", b"", OPEN_ACL_UNSAFE), s)  # 3
     h.ok(SetData("/a/b", b"v"), s)  # 4
-    assert h.code(Delete("/a"), s) == Code.NOTEMPTY
-    assert h.code(Delete("/a/b", 0), s) == Code.BADVERSION
-    assert h.code(Delete("/a/zz"), s) == Code.NONODE
-    assert h.code(Delete("/"), s) == Code.BADARGUMENTS
+    assert h.code(Delete("/a"), s) == ErrorCode.NOTEMPTY
+    assert h.code(Delete("/a/b", 0), s) == ErrorCode.BADVERSION
+    assert h.code(Delete("/a/zz"), s) == ErrorCode.NONODE
+    assert h.code(Delete("/"), s) == ErrorCode.BADARGUMENTS
     assert h.ok(Delete("/a/b", 1), s).result == DeleteResult("/a/b")  # 5
     a = stat_of(h, "/a")
     # ZooKeeper bumps cversion on create only; a delete moves pzxid.
@@ -199,7 +199,9 @@ def test_ephemerals_removed_on_close_with_watch_events(h: Harness) -> None:
     h.ok(Create("/e/a", b"", OPEN_ACL_UNSAFE, CreateMode.EPHEMERAL), owner)
     h.ok(Create("/top", b"", OPEN_ACL_UNSAFE, CreateMode.EPHEMERAL), owner)
     assert stat_of(h, "/e/a").ephemeral_owner == 7
-    assert h.code(Create("/top/c", b"", OPEN_ACL_UNSAFE), watcher) == Code.NOCHILDRENFOREPHEMERALS
+    assert (
+        h.code(Create("/top/c", b"", OPEN_ACL_UNSAFE), watcher) == ErrorCode.NOCHILDRENFOREPHEMERALS
+    )
     h.tree.get_data("/e/a", watcher, watch=True)
     h.tree.exists("/top", watcher, watch=True)
     h.tree.get_children("/e", watcher, watch=True)
@@ -216,19 +218,19 @@ def test_ephemerals_removed_on_close_with_watch_events(h: Harness) -> None:
     assert h.tree.exists("/top") is None
     assert 7 not in h.tree.sessions
     assert h.tree.watches.registrations() == []
-    assert h.code(Create("/z", b"", OPEN_ACL_UNSAFE), owner) == Code.SESSIONEXPIRED
-    assert h.code(CloseSession(), owner) == Code.SESSIONEXPIRED
+    assert h.code(Create("/z", b"", OPEN_ACL_UNSAFE), owner) == ErrorCode.SESSIONEXPIRED
+    assert h.code(CloseSession(), owner) == ErrorCode.SESSIONEXPIRED
 
 
 def test_session_create_rules(h: Harness) -> None:
     h.session(5)
-    assert h.code(CreateSession(30_000), Session(5)) == Code.BADARGUMENTS
-    assert h.code(CreateSession(30_000), Session(0)) == Code.BADARGUMENTS
-    assert h.code(CreateSession(0), Session(6)) == Code.BADARGUMENTS
-    assert h.code(Create("/a", b"", OPEN_ACL_UNSAFE), Session(6)) == Code.SESSIONEXPIRED
+    assert h.code(CreateSession(30_000), Session(5)) == ErrorCode.BADARGUMENTS
+    assert h.code(CreateSession(30_000), Session(0)) == ErrorCode.BADARGUMENTS
+    assert h.code(CreateSession(0), Session(6)) == ErrorCode.BADARGUMENTS
+    assert h.code(Create("/a", b"", OPEN_ACL_UNSAFE), Session(6)) == ErrorCode.SESSIONEXPIRED
     with pytest.raises(KeeperError) as err:
         h.tree.exists("/", Session(6), watch=True)
-    assert err.value.code == Code.SESSIONEXPIRED
+    assert err.value.code == ErrorCode.SESSIONEXPIRED
 
 
 # -- watches ----------------------------------------------------------------------------
@@ -266,7 +268,7 @@ def test_watches_fire_once_per_registration(h: Harness) -> None:
     assert h.tree.watches.registrations() == []
     with pytest.raises(KeeperError) as err:
         h.tree.get_data("/w", a, watch=True)  # no watch set on a failed read
-    assert err.value.code == Code.NONODE
+    assert err.value.code == ErrorCode.NONODE
     assert h.tree.watches.registrations() == []
 
 
@@ -275,7 +277,7 @@ def test_reads_validate_paths(h: Harness) -> None:
     for read in (h.tree.get_data, h.tree.get_children, h.tree.get_acl):
         with pytest.raises(KeeperError) as err:
             read("no-slash", s)
-        assert err.value.code == Code.BADARGUMENTS
+        assert err.value.code == ErrorCode.BADARGUMENTS
     with pytest.raises(KeeperError):
         h.tree.exists("/a/", s, watch=True)
     assert h.tree.watches.registrations() == []
@@ -323,7 +325,7 @@ def test_container_deleted_once_its_last_child_goes(h: Harness) -> None:
     assert h.tree.containers_to_delete() == []  # never had a child
     h.ok(Create("/c/x", b"", OPEN_ACL_UNSAFE), s)
     assert h.tree.containers_to_delete() == []
-    assert h.code(DeleteContainer("/c"), system) == Code.NOTEMPTY
+    assert h.code(DeleteContainer("/c"), system) == ErrorCode.NOTEMPTY
     h.ok(Create("/c/e", b"", OPEN_ACL_UNSAFE, CreateMode.EPHEMERAL), s)
     h.ok(Delete("/c/x"), s)
     h.ok(CloseSession(), s)
@@ -332,10 +334,10 @@ def test_container_deleted_once_its_last_child_goes(h: Harness) -> None:
     assert out.result == DeleteResult("/c")
     assert h.tree.exists("/c") is None
     assert h.tree.containers_to_delete() == []
-    assert h.code(DeleteContainer("/c"), system) == Code.NONODE
+    assert h.code(DeleteContainer("/c"), system) == ErrorCode.NONODE
     s2 = h.session(2)
     h.ok(Create("/p", b"", OPEN_ACL_UNSAFE), s2)
-    assert h.code(DeleteContainer("/p"), system) == Code.BADARGUMENTS
+    assert h.code(DeleteContainer("/p"), system) == ErrorCode.BADARGUMENTS
 
 
 # -- ACLs -------------------------------------------------------------------------------
@@ -358,25 +360,25 @@ def test_acl_checks_with_digest_auth(h: Harness) -> None:
     for who in (anon, mallory):
         with pytest.raises(KeeperError) as err:
             h.tree.get_data("/s", who)
-        assert err.value.code == Code.NOAUTH
-        assert h.code(SetData("/s", b"x"), who) == Code.NOAUTH
-        assert h.code(Create("/s/c", b"", OPEN_ACL_UNSAFE), who) == Code.NOAUTH
-        assert h.code(SetACL("/s", OPEN_ACL_UNSAFE), who) == Code.NOAUTH
-        assert h.code(Multi((Check("/s"),)), who) == Code.NOAUTH
+        assert err.value.code == ErrorCode.NOAUTH
+        assert h.code(SetData("/s", b"x"), who) == ErrorCode.NOAUTH
+        assert h.code(Create("/s/c", b"", OPEN_ACL_UNSAFE), who) == ErrorCode.NOAUTH
+        assert h.code(SetACL("/s", OPEN_ACL_UNSAFE), who) == ErrorCode.NOAUTH
+        assert h.code(Multi((Check("/s"),)), who) == ErrorCode.NOAUTH
     assert h.tree.exists("/s") is not None  # exists needs no permission
     assert h.tree.get_data("/s", alice)[0] == b"top"
     h.ok(Create("/s/c", b"", OPEN_ACL_UNSAFE), alice)
-    assert h.code(Delete("/s/c"), anon) == Code.NOAUTH  # DELETE is checked on the parent
+    assert h.code(Delete("/s/c"), anon) == ErrorCode.NOAUTH  # DELETE is checked on the parent
     h.ok(Delete("/s/c"), alice)
     # read-only for the world, plus the `auth` scheme expanded to the creator's ids
     h.ok(Create("/r", b"", (*READ_ACL_UNSAFE, ACL(int(Perm.ALL), Id("auth", "")))), alice)
     acl, _ = h.tree.get_acl("/r", anon)
     with pytest.raises(KeeperError) as err:
         h.tree.get_acl("/s", anon)  # neither READ nor ADMIN
-    assert err.value.code == Code.NOAUTH
+    assert err.value.code == ErrorCode.NOAUTH
     assert acl == (*READ_ACL_UNSAFE, ACL(int(Perm.ALL), Id("digest", digest("alice:pw"))))
     assert h.tree.get_data("/r", anon)[0] == b""
-    assert h.code(SetData("/r", b"x"), anon) == Code.NOAUTH
+    assert h.code(SetData("/r", b"x"), anon) == ErrorCode.NOAUTH
     h.ok(SetData("/r", b"x"), alice)
 
 
@@ -391,23 +393,23 @@ def test_invalid_acls(h: Harness) -> None:
         (ACL(31, Id("auth", "")),),  # no auth ids on the session
     ]
     for acl in bad:
-        assert h.code(Create("/a", b"", acl), s) == Code.INVALIDACL, acl
+        assert h.code(Create("/a", b"", acl), s) == ErrorCode.INVALIDACL, acl
     h.ok(Create("/a", b"", OPEN_ACL_UNSAFE + OPEN_ACL_UNSAFE), s)
     assert h.tree.get_acl("/a", s)[0] == OPEN_ACL_UNSAFE  # duplicates dropped
-    assert h.code(SetACL("/a", ()), s) == Code.INVALIDACL
+    assert h.code(SetACL("/a", ()), s) == ErrorCode.INVALIDACL
 
 
 def test_set_acl_aversion(h: Harness) -> None:
     s = h.session(1)
     h.ok(Create("/a", b"d", OPEN_ACL_UNSAFE), s)
     before = stat_of(h, "/a")
-    assert h.code(SetACL("/a", READ_ACL_UNSAFE, 3), s) == Code.BADVERSION
-    assert h.code(SetACL("/none", READ_ACL_UNSAFE), s) == Code.NONODE
+    assert h.code(SetACL("/a", READ_ACL_UNSAFE, 3), s) == ErrorCode.BADVERSION
+    assert h.code(SetACL("/none", READ_ACL_UNSAFE), s) == ErrorCode.NONODE
     out = h.ok(SetACL("/a", READ_ACL_UNSAFE, 0), s).result
     assert out == SetACLResult(replace(before, aversion=1))
     assert h.tree.get_acl("/a", s) == (READ_ACL_UNSAFE, replace(before, aversion=1))
-    assert h.code(SetACL("/a", OPEN_ACL_UNSAFE, 1), s) == Code.NOAUTH  # ADMIN revoked
-    assert h.code(SetData("/a", b"x"), s) == Code.NOAUTH
+    assert h.code(SetACL("/a", OPEN_ACL_UNSAFE, 1), s) == ErrorCode.NOAUTH  # ADMIN revoked
+    assert h.code(SetData("/a", b"x"), s) == ErrorCode.NOAUTH
 
 
 # -- multi ------------------------------------------------------------------------------
@@ -424,14 +426,19 @@ def test_failing_multi_changes_nothing_and_reports_per_op_codes(h: Harness) -> N
         Create("/z", b"", OPEN_ACL_UNSAFE),
     )
     out = h.run(Multi(ops), s)
-    assert out == Rejected(Code.NONODE, (Code.OK, Code.OK, Code.NONODE, Code.RUNTIMEINCONSISTENCY))
+    assert out == Rejected(
+        ErrorCode.NONODE,
+        (ErrorCode.OK, ErrorCode.OK, ErrorCode.NONODE, ErrorCode.RUNTIMEINCONSISTENCY),
+    )
     assert h.tree.digest() == before and h.zxid == zxid
     assert h.tree.exists("/m") is None
     # a check op failing makes the whole multi fail
     out = h.run(Multi((Check("/a", 5), Delete("/a"))), s)
-    assert out == Rejected(Code.BADVERSION, (Code.BADVERSION, Code.RUNTIMEINCONSISTENCY))
+    assert out == Rejected(
+        ErrorCode.BADVERSION, (ErrorCode.BADVERSION, ErrorCode.RUNTIMEINCONSISTENCY)
+    )
     assert h.run(Multi((Delete("/a"), Delete("/a"))), s) == Rejected(
-        Code.NONODE, (Code.OK, Code.NONODE)
+        ErrorCode.NONODE, (ErrorCode.OK, ErrorCode.NONODE)
     )
     assert h.tree.digest() == before
 
@@ -474,14 +481,16 @@ def test_preparer_sees_unapplied_proposals() -> None:
     t1 = prep.prepare(CreateSession(1000), s, 1, 5)
     t2 = prep.prepare(Create("/p", b"", OPEN_ACL_UNSAFE), s, 2, 5)
     t3 = prep.prepare(Create("/p/e", b"", OPEN_ACL_UNSAFE, CreateMode.EPHEMERAL), s, 3, 5)
-    assert prep.prepare(Create("/p", b"", OPEN_ACL_UNSAFE), s, 4, 5) == Rejected(Code.NODEEXISTS)
-    assert prep.prepare(Delete("/p"), s, 4, 5) == Rejected(Code.NOTEMPTY)
+    assert prep.prepare(Create("/p", b"", OPEN_ACL_UNSAFE), s, 4, 5) == Rejected(
+        ErrorCode.NODEEXISTS
+    )
+    assert prep.prepare(Delete("/p"), s, 4, 5) == Rejected(ErrorCode.NOTEMPTY)
     t4 = prep.prepare(CloseSession(), s, 4, 5)
     assert isinstance(t4, Txn) and t4.body == CloseSessionTxn(("/p/e",))
-    assert prep.prepare(SetData("/p", b""), s, 5, 5) == Rejected(Code.SESSIONEXPIRED)
+    assert prep.prepare(SetData("/p", b""), s, 5, 5) == Rejected(ErrorCode.SESSIONEXPIRED)
     # the plain tree, with nothing applied yet, knows none of it
     assert tree.prepare(Create("/p", b"", OPEN_ACL_UNSAFE), s, 5, 5) == Rejected(
-        Code.SESSIONEXPIRED
+        ErrorCode.SESSIONEXPIRED
     )
     for txn in (t1, t2, t3, t4):
         assert isinstance(txn, Txn)

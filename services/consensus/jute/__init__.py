@@ -1,6 +1,6 @@
 """Jute, the ZooKeeper wire format: records of the client protocol, decoded without I/O."""
 
-from services.consensus.jute.codes import ErrorCode, EventType, KeeperState, OpCode, Perm, Xid
+from services.consensus.codes import ErrorCode, EventType, KeeperState, OpCode, Perm, Xid
 from services.consensus.jute.errors import (
     EncodeError,
     InvalidPathError,

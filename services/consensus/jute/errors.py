@@ -7,7 +7,7 @@ the field and what was found, because the caller logs them once and moves on.
 
 from typing import ClassVar
 
-from services.consensus.jute.codes import ErrorCode
+from services.consensus.codes import ErrorCode
 
 
 class JuteError(Exception):

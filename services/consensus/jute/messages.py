@@ -7,7 +7,7 @@ RequestHeader and every reply with a ReplyHeader.
 
 from collections.abc import Callable
 
-from services.consensus.jute.codes import ErrorCode, OpCode, Xid
+from services.consensus.codes import ErrorCode, OpCode, Xid
 from services.consensus.jute.errors import JuteError, UnknownOpcodeError
 from services.consensus.jute.primitives import DEFAULT_MAX_BUFFER, Buffer, Reader, Writer
 from services.consensus.jute.records import (

@@ -9,7 +9,7 @@ buffers are `bytes | None` because a znode's data may really be null; vectors ar
 from dataclasses import dataclass
 from typing import Self
 
-from services.consensus.jute.codes import ErrorCode, OpCode
+from services.consensus.codes import ErrorCode, OpCode
 from services.consensus.jute.errors import EncodeError, MalformedError
 from services.consensus.jute.primitives import Reader, Writer
 

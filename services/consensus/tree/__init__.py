@@ -6,6 +6,7 @@ Two steps, as in ZooKeeper: `prepare` (on the leader, via `DataTree.prepare` or 
 its result and watch events. Reads, watches and auth are local to the serving member.
 """
 
+from services.consensus.codes import CONTAINER_OWNER, CreateMode, ErrorCode, EventType, Perm
 from services.consensus.tree.acl import (
     ACL,
     ANYONE,
@@ -15,7 +16,6 @@ from services.consensus.tree.acl import (
     digest,
     digest_auth_id,
 )
-from services.consensus.tree.codes import CONTAINER_OWNER, Code, CreateMode, EventType, Perm
 from services.consensus.tree.datatree import DataTree
 from services.consensus.tree.errors import CorruptSnapshotError, KeeperError
 from services.consensus.tree.model import (
@@ -55,7 +55,6 @@ __all__ = [
     "Check",
     "CheckResult",
     "CloseSession",
-    "Code",
     "CorruptSnapshotError",
     "Create",
     "CreateMode",
@@ -65,6 +64,7 @@ __all__ = [
     "Delete",
     "DeleteContainer",
     "DeleteResult",
+    "ErrorCode",
     "EventType",
     "Id",
     "KeeperError",

@@ -12,7 +12,7 @@ import base64
 import hashlib
 from typing import NamedTuple
 
-from services.consensus.tree.codes import Code, Perm
+from services.consensus.codes import ErrorCode, Perm
 from services.consensus.tree.errors import KeeperError
 
 
@@ -59,20 +59,20 @@ def fixup_acl(acl: tuple[ACL, ...], auth: frozenset[Id]) -> tuple[ACL, ...]:
     Order is kept (first occurrence wins) so every member stores the same list.
     """
     if not acl:
-        raise KeeperError(Code.INVALIDACL)
+        raise KeeperError(ErrorCode.INVALIDACL)
     out: list[ACL] = []
     for entry in acl:
         if entry.perms & ~int(Perm.ALL) or entry.perms < 0:
-            raise KeeperError(Code.INVALIDACL)
+            raise KeeperError(ErrorCode.INVALIDACL)
         if entry.id.scheme == "auth":
             granted = sorted(i for i in auth if i.scheme == "digest")
             if not granted:
-                raise KeeperError(Code.INVALIDACL)
+                raise KeeperError(ErrorCode.INVALIDACL)
             expanded = [ACL(entry.perms, i) for i in granted]
         elif _valid_id(entry.id):
             expanded = [entry]
         else:
-            raise KeeperError(Code.INVALIDACL)
+            raise KeeperError(ErrorCode.INVALIDACL)
         out.extend(e for e in expanded if e not in out)
     return tuple(out)
 
@@ -86,4 +86,4 @@ def check_acl(acl: tuple[ACL, ...], perm: Perm, auth: frozenset[Id], path: str =
             continue
         if entry.id == ANYONE or entry.id in auth:
             return
-    raise KeeperError(Code.NOAUTH, path)
+    raise KeeperError(ErrorCode.NOAUTH, path)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
+from services.consensus.codes import CONTAINER_OWNER, ErrorCode, EventType, Perm
 from services.consensus.tree.acl import ACL, OPEN_ACL_UNSAFE, check_acl
-from services.consensus.tree.codes import CONTAINER_OWNER, Code, EventType, Perm
 from services.consensus.tree.errors import CorruptSnapshotError, KeeperError
 from services.consensus.tree.model import (
     Applied,
@@ -62,7 +62,7 @@ def _valid(path: str) -> None:
     try:
         validate_path(path)
     except ValueError:
-        raise KeeperError(Code.BADARGUMENTS, path) from None
+        raise KeeperError(ErrorCode.BADARGUMENTS, path) from None
 
 
 def is_ephemeral_owner(owner: int) -> bool:
@@ -214,7 +214,7 @@ class DataTree:
         if not watch:
             return None
         if session is None or session.session_id not in self.sessions:
-            raise KeeperError(Code.SESSIONEXPIRED)
+            raise KeeperError(ErrorCode.SESSIONEXPIRED)
         return session.session_id
 
     def exists(self, path: str, session: Session | None = None, watch: bool = False) -> Stat | None:
@@ -251,7 +251,7 @@ class DataTree:
         _valid(path)
         node = self.nodes.get(path)
         if node is None:
-            raise KeeperError(Code.NONODE, path)
+            raise KeeperError(ErrorCode.NONODE, path)
         check_acl(node.acl, perm, session.auth, path)
         return node
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.consensus.codes import CreateMode, ErrorCode, EventType
 from services.consensus.tree.acl import ACL, Id
-from services.consensus.tree.codes import Code, CreateMode, EventType
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +178,8 @@ class Rejected:
     before the failing one, its code for it, RUNTIMEINCONSISTENCY for the ones after.
     """
 
-    code: Code
-    op_codes: tuple[Code, ...] = ()
+    code: ErrorCode
+    op_codes: tuple[ErrorCode, ...] = ()
 
 
 # -- results --------------------------------------------------------------------------

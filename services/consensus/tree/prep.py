@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from services.consensus.codes import CONTAINER_OWNER, CreateMode, ErrorCode, Perm
 from services.consensus.tree.acl import ACL, check_acl, fixup_acl
-from services.consensus.tree.codes import CONTAINER_OWNER, Code, CreateMode, Perm
 from services.consensus.tree.errors import KeeperError
 from services.consensus.tree.model import (
     Check,
@@ -103,7 +103,7 @@ class _View:
 
 def _version_after(expected: int, current: int, path: str) -> int:
     if expected != -1 and expected != current:
-        raise KeeperError(Code.BADVERSION, path)
+        raise KeeperError(ErrorCode.BADVERSION, path)
     return inc32(current)
 
 
@@ -111,7 +111,7 @@ def _checked_path(path: str) -> str:
     try:
         validate_path(path)
     except ValueError:
-        raise KeeperError(Code.BADARGUMENTS, path) from None
+        raise KeeperError(ErrorCode.BADARGUMENTS, path) from None
     return path
 
 
@@ -183,13 +183,13 @@ class Preparer:
         sid = session.session_id
         if isinstance(request, CreateSession):
             if sid in (0, CONTAINER_OWNER) or request.timeout_ms <= 0 or view.session_live(sid):
-                raise KeeperError(Code.BADARGUMENTS)
+                raise KeeperError(ErrorCode.BADARGUMENTS)
             view.sessions[sid] = True
             return CreateSessionTxn(request.timeout_ms)
         if isinstance(request, DeleteContainer):
             return self._delete_container(view, request.path)
         if not view.session_live(sid):
-            raise KeeperError(Code.SESSIONEXPIRED)
+            raise KeeperError(ErrorCode.SESSIONEXPIRED)
         if isinstance(request, CloseSession):
             owned = view.owned_by(sid)
             for path in owned:
@@ -203,15 +203,15 @@ class Preparer:
     def _multi(self, view: _View, request: Multi, session: Session) -> MultiTxn:
         """All ops or none: each op sees the effects of the ones before it."""
         subs: list[SubTxn] = []
-        codes: list[Code] = []
-        failure: Code | None = None
+        codes: list[ErrorCode] = []
+        failure: ErrorCode | None = None
         for op in request.ops:
             if failure is not None:
-                codes.append(Code.RUNTIMEINCONSISTENCY)
+                codes.append(ErrorCode.RUNTIMEINCONSISTENCY)
                 continue
             try:
                 subs.append(self._op(view, op, session))
-                codes.append(Code.OK)
+                codes.append(ErrorCode.OK)
             except KeeperError as exc:
                 failure = exc.code
                 codes.append(exc.code)
@@ -225,22 +225,22 @@ class Preparer:
         if isinstance(op, Delete):
             path = _checked_path(op.path)
             if path == "/":
-                raise KeeperError(Code.BADARGUMENTS, path)
+                raise KeeperError(ErrorCode.BADARGUMENTS, path)
             parent = view.node(parent_of(path))
             node = view.node(path)
             if parent is None or node is None:
-                raise KeeperError(Code.NONODE, path)
+                raise KeeperError(ErrorCode.NONODE, path)
             check_acl(parent.acl, Perm.DELETE, session.auth, path)
             _version_after(op.version, node.version, path)
             if node.num_children:
-                raise KeeperError(Code.NOTEMPTY, path)
+                raise KeeperError(ErrorCode.NOTEMPTY, path)
             self._remove(view, path)
             return DeleteTxn(path)
         if isinstance(op, SetData):
             path = _checked_path(op.path)
             node = view.node(path)
             if node is None:
-                raise KeeperError(Code.NONODE, path)
+                raise KeeperError(ErrorCode.NONODE, path)
             check_acl(node.acl, Perm.WRITE, session.auth, path)
             version = _version_after(op.version, node.version, path)
             view.put(path, replace(node, version=version))
@@ -250,7 +250,7 @@ class Preparer:
             acl = fixup_acl(op.acl, session.auth)
             node = view.node(path)
             if node is None:
-                raise KeeperError(Code.NONODE, path)
+                raise KeeperError(ErrorCode.NONODE, path)
             check_acl(node.acl, Perm.ADMIN, session.auth, path)
             aversion = _version_after(op.version, node.aversion, path)
             view.put(path, replace(node, aversion=aversion, acl=acl))
@@ -259,33 +259,33 @@ class Preparer:
             path = _checked_path(op.path)
             node = view.node(path)
             if node is None:
-                raise KeeperError(Code.NONODE, path)
+                raise KeeperError(ErrorCode.NONODE, path)
             check_acl(node.acl, Perm.READ, session.auth, path)
             _version_after(op.version, node.version, path)
             return CheckTxn(path)
-        raise KeeperError(Code.UNIMPLEMENTED)
+        raise KeeperError(ErrorCode.UNIMPLEMENTED)
 
     def _create(self, view: _View, op: Create, session: Session) -> CreateTxn:
         try:
             mode = CreateMode(op.mode)
         except ValueError:
-            raise KeeperError(Code.BADARGUMENTS, op.path) from None
+            raise KeeperError(ErrorCode.BADARGUMENTS, op.path) from None
         path = op.path
         _checked_path(path + "0" if mode.sequential else path)
         if path == "/":
-            raise KeeperError(Code.NODEEXISTS, path)
+            raise KeeperError(ErrorCode.NODEEXISTS, path)
         parent_path = parent_of(path + "0" if mode.sequential else path)
         acl = fixup_acl(op.acl, session.auth)
         parent = view.node(parent_path)
         if parent is None:
-            raise KeeperError(Code.NONODE, path)
+            raise KeeperError(ErrorCode.NONODE, path)
         check_acl(parent.acl, Perm.CREATE, session.auth, path)
         if mode.sequential:
             path = _checked_path(f"{path}{parent.cversion:010d}")
         if view.node(path) is not None:
-            raise KeeperError(Code.NODEEXISTS, path)
+            raise KeeperError(ErrorCode.NODEEXISTS, path)
         if parent.ephemeral:
-            raise KeeperError(Code.NOCHILDRENFOREPHEMERALS, path)
+            raise KeeperError(ErrorCode.NOCHILDRENFOREPHEMERALS, path)
         if mode.ephemeral:
             owner = session.session_id
         elif mode is CreateMode.CONTAINER:
@@ -302,11 +302,11 @@ class Preparer:
     def _delete_container(self, view: _View, path: str) -> DeleteTxn:
         node = view.node(path)
         if node is None:
-            raise KeeperError(Code.NONODE, path)
+            raise KeeperError(ErrorCode.NONODE, path)
         if node.ephemeral_owner != CONTAINER_OWNER:
-            raise KeeperError(Code.BADARGUMENTS, path)
+            raise KeeperError(ErrorCode.BADARGUMENTS, path)
         if node.num_children:
-            raise KeeperError(Code.NOTEMPTY, path)
+            raise KeeperError(ErrorCode.NOTEMPTY, path)
         self._remove(view, path)
         return DeleteTxn(path)
 

@@ -7,7 +7,7 @@ by session id within one trigger so a txn's events are deterministic.
 
 from __future__ import annotations
 
-from services.consensus.tree.codes import EventType
+from services.consensus.codes import EventType
 from services.consensus.tree.model import WatchEvent
 
 

@@ -1,9 +1,8 @@
-"""Numbers of the ZooKeeper client protocol, as Apache ZooKeeper 3.x defines them.
+"""ZooKeeper's protocol constants, shared by the jute codec, the data tree and the server:
+opcodes, error codes, special xids, watch event types and states, ACL perms, create modes.
+The numeric values are ZooKeeper's and must not change."""
 
-OpCode follows ZooDefs.OpCode, ErrorCode KeeperException.Code, EventType and KeeperState
-Watcher.Event. Wire fields stay plain ints in the records (a peer may send a number this
-table lacks); these enums name the values code compares against.
-"""
+from __future__ import annotations
 
 from enum import IntEnum, IntFlag
 
@@ -126,3 +125,25 @@ class Perm(IntFlag):
     DELETE = 8
     ADMIN = 16
     ALL = 31
+
+
+class CreateMode(IntEnum):
+    """CreateMode flags as the create request carries them."""
+
+    PERSISTENT = 0
+    EPHEMERAL = 1
+    PERSISTENT_SEQUENTIAL = 2
+    EPHEMERAL_SEQUENTIAL = 3
+    CONTAINER = 4
+
+    @property
+    def ephemeral(self) -> bool:
+        return self in (CreateMode.EPHEMERAL, CreateMode.EPHEMERAL_SEQUENTIAL)
+
+    @property
+    def sequential(self) -> bool:
+        return self in (CreateMode.PERSISTENT_SEQUENTIAL, CreateMode.EPHEMERAL_SEQUENTIAL)
+
+
+# ephemeralOwner of a container node (EphemeralType.CONTAINER_EPHEMERAL_OWNER).
+CONTAINER_OWNER = -(1 << 63)
