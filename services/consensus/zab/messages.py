@@ -1,0 +1,169 @@
+"""ZAB wire messages: small records, one per message type. Every message names its sender.
+
+Leader/follower messages carry the epoch of the session they belong to, so that leftovers of
+an earlier session on the same connection are recognised and dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from services.consensus.zab.state import LogEntry
+
+
+class ServerState(Enum):
+    LOOKING = "looking"
+    FOLLOWING = "following"
+    LEADING = "leading"
+
+
+class SyncMode(Enum):
+    DIFF = "diff"  # follower's log is a prefix of the leader's: send the missing suffix
+    TRUNC = "trunc"  # follower has entries the leader lacks: truncate, then send the rest
+    SNAP = "snap"  # replace the follower's log with the leader's whole log
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """Fast leader election vote: (peer_epoch, zxid, leader) in lexicographic order."""
+
+    sender: int
+    leader: int
+    zxid: int
+    peer_epoch: int
+    election_epoch: int
+    state: ServerState
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerInfo:
+    sender: int
+    accepted_epoch: int
+    accepted_leader: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewEpoch:
+    sender: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckEpoch:
+    """``epoch_ends`` holds the last zxid of every epoch in the follower's log (ascending);
+    with it the leader finds the exact point where the two logs diverge."""
+
+    sender: int
+    epoch: int
+    current_epoch: int
+    last_zxid: int
+    epoch_ends: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """DIFF, TRUNC or SNAP: truncate the log to ``truncate_to`` then append ``entries``."""
+
+    sender: int
+    epoch: int
+    mode: SyncMode
+    truncate_to: int
+    entries: tuple[LogEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewLeader:
+    sender: int
+    epoch: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckNewLeader:
+    sender: int
+    epoch: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpToDate:
+    sender: int
+    epoch: int
+    commit_zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    sender: int
+    epoch: int
+    entry: LogEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Cumulative: the sender has persisted everything up to ``zxid``."""
+
+    sender: int
+    epoch: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Cumulative: everything up to ``zxid`` is committed."""
+
+    sender: int
+    epoch: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    sender: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingAck:
+    sender: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A client write that reached a follower, passed on to the leader."""
+
+    sender: int
+    epoch: int
+    request_id: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardReply:
+    """``zxid`` is the proposal's zxid, or None when the leader could not take it."""
+
+    sender: int
+    epoch: int
+    request_id: int
+    zxid: int | None
+
+
+Message = (
+    Notification
+    | FollowerInfo
+    | NewEpoch
+    | AckEpoch
+    | Sync
+    | NewLeader
+    | AckNewLeader
+    | UpToDate
+    | Proposal
+    | Ack
+    | Commit
+    | Ping
+    | PingAck
+    | Forward
+    | ForwardReply
+)

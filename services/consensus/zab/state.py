@@ -1,0 +1,36 @@
+"""What a node keeps on disk: its epochs and its log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One transaction. A zxid names exactly one entry ensemble-wide: only the single
+    leader of an epoch mints zxids in it."""
+
+    zxid: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """The epochs ZAB must persist before acting on them.
+
+    ``accepted_leader`` records who proposed ``accepted_epoch`` so that a follower that
+    reconnects to the same leader (same epoch) can acknowledge it again, while a second
+    leader that picked the same epoch is refused.
+    """
+
+    accepted_epoch: int = 0
+    accepted_leader: int = -1
+    current_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedState:
+    """What survives a crash: the hard state and the durable log (zxid order)."""
+
+    hard_state: HardState = field(default_factory=HardState)
+    log: tuple[LogEntry, ...] = ()
