@@ -20,7 +20,7 @@ STAT_SIZE = 8 * 4 + 4 * 3 + 8 + 4 * 2 + 8
 MULTI_HEADER_SIZE = 4 + 1 + 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Id:
     scheme: str
     id: str

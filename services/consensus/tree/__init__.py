@@ -7,12 +7,11 @@ its result and watch events. Reads, watches and auth are local to the serving me
 """
 
 from services.consensus.codes import CONTAINER_OWNER, CreateMode, ErrorCode, EventType, Perm
+from services.consensus.jute.records import ACL, Id, Stat
 from services.consensus.tree.acl import (
-    ACL,
     ANYONE,
     OPEN_ACL_UNSAFE,
     READ_ACL_UNSAFE,
-    Id,
     digest,
     digest_auth_id,
 )
@@ -39,7 +38,6 @@ from services.consensus.tree.model import (
     SetACLResult,
     SetData,
     SetDataResult,
-    Stat,
     Txn,
     WatchEvent,
 )

@@ -10,21 +10,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import NamedTuple
 
 from services.consensus.codes import ErrorCode, Perm
+from services.consensus.jute.records import ACL, Id
 from services.consensus.tree.errors import KeeperError
-
-
-class Id(NamedTuple):
-    scheme: str
-    id: str
-
-
-class ACL(NamedTuple):
-    perms: int
-    id: Id
-
 
 ANYONE = Id("world", "anyone")
 OPEN_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.ALL), ANYONE),)

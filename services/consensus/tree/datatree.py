@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 
 from services.consensus.codes import CONTAINER_OWNER, ErrorCode, EventType, Perm
-from services.consensus.tree.acl import ACL, OPEN_ACL_UNSAFE, check_acl
+from services.consensus.jute.records import ACL, Stat
+from services.consensus.tree.acl import OPEN_ACL_UNSAFE, check_acl
 from services.consensus.tree.errors import CorruptSnapshotError, KeeperError
 from services.consensus.tree.model import (
     Applied,
@@ -39,7 +40,6 @@ from services.consensus.tree.model import (
     SetACLTxn,
     SetDataResult,
     SetDataTxn,
-    Stat,
     SubTxn,
     Txn,
     WatchEvent,

@@ -10,22 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.consensus.codes import CreateMode, ErrorCode, EventType
-from services.consensus.tree.acl import ACL, Id
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    czxid: int
-    mzxid: int
-    ctime: int
-    mtime: int
-    version: int
-    cversion: int
-    aversion: int
-    ephemeral_owner: int
-    data_length: int
-    num_children: int
-    pzxid: int
+from services.consensus.jute.records import ACL, Id, Stat
 
 
 @dataclass(frozen=True, slots=True)

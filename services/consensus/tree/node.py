@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.consensus.tree.acl import ACL
-from services.consensus.tree.model import Stat
+from services.consensus.jute.records import ACL, Stat
 
 
 @dataclass(slots=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from services.consensus.codes import CONTAINER_OWNER, CreateMode, ErrorCode, Perm
-from services.consensus.tree.acl import ACL, check_acl, fixup_acl
+from services.consensus.jute.records import ACL
+from services.consensus.tree.acl import check_acl, fixup_acl
 from services.consensus.tree.errors import KeeperError
 from services.consensus.tree.model import (
     Check,

@@ -23,7 +23,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 
-from services.consensus.tree.acl import ACL, Id
+from services.consensus.jute.records import ACL, Id
 from services.consensus.tree.errors import CorruptSnapshotError
 from services.consensus.tree.model import parent_of, validate_path
 from services.consensus.tree.node import Node
