@@ -284,19 +284,31 @@ class KafkaApis:
         response = APIS[ApiKey.METADATA].response
         version = header.api_version
         if request.topics is None or (version == 0 and not request.topics):
-            names = sorted(self.topics.topics)
+            wanted_topics: list[str | uuid.UUID] = sorted(self.topics.topics)
         else:
-            names = []
+            wanted_topics = []
             for wanted in request.topics:
                 if wanted.name is None and version >= 10:
                     known = self.topics.by_id(wanted.topic_id)
-                    names.append(known.name if known else "")
+                    wanted_topics.append(known.name if known else wanted.topic_id)
                 else:
-                    names.append(wanted.name)
+                    wanted_topics.append(wanted.name)
         allow_create = self.settings.auto_create_topics and (
             version < 4 or request.allow_auto_topic_creation
         )
-        topics = [self._topic_metadata(response, name, allow_create) for name in names]
+        topics = [
+            self._topic_metadata(response, name, allow_create)
+            if isinstance(name, str)
+            else response.MetadataResponseTopic(  # an id no topic has (any more)
+                error_code=ErrorCode.UNKNOWN_TOPIC_ID,
+                name=None,
+                topic_id=name,
+                is_internal=False,
+                partitions=[],
+                authorized_operations=None,
+            )
+            for name in wanted_topics
+        ]
         return response(
             throttle_time_ms=0,
             brokers=[

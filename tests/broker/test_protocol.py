@@ -32,7 +32,7 @@ from tests.storage.helpers import tree_digest
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
-    from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+    from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
     from kafka.protocol.producer import ProduceRequest
 
 
@@ -254,4 +254,28 @@ def test_unsupported_api_versions_version_gets_the_kip_511_answer():
             broker.respond(struct.pack(">hhih", ApiKey.PRODUCE, 99, 7, -1))
         with pytest.raises(BadRequestError, match="unknown API key"):
             broker.respond(struct.pack(">hhih", 999, 0, 7, -1))
+        broker.logs.close()
+
+
+def test_metadata_for_an_unknown_topic_id_answers_unknown_topic_id():
+    with tempfile.TemporaryDirectory() as name:
+        broker = InProcessBroker(Path(name))
+        known = broker.topics.get("fuzz")
+        assert known is not None
+        missing = uuid.UUID(int=12345)
+        request = MetadataRequest(
+            topics=[
+                MetadataRequest.MetadataRequestTopic(name=None, topic_id=i)
+                for i in (known.topic_id, missing)
+            ],
+            allow_auto_topic_creation=True,
+        )
+        request.API_VERSION = 12
+        request.with_header(correlation_id=3, client_id="t")
+        parts, _, _ = broker.respond(bytes(request.encode(header=True)))
+        body = b"".join(parts)
+        response = MetadataResponse.decode(body[5:], version=12)  # v1 header: id + tag byte
+        got = [(t.name, t.topic_id, t.error_code, len(t.partitions)) for t in response.topics]
+        assert got == [("fuzz", known.topic_id, 0, 2), (None, missing, 100, 0)]  # UNKNOWN_TOPIC_ID
+        assert broker.topics.get("") is None  # nothing was created for the unknown id
         broker.logs.close()
