@@ -46,6 +46,10 @@ CONFIG_SOURCE_TOPIC, CONFIG_SOURCE_DEFAULT = 1, 5
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
 
 
+class CloseConnectionError(Exception):
+    """A request whose failure can only be signalled by closing the connection."""
+
+
 class KafkaApis:
     def __init__(
         self,
@@ -147,6 +151,10 @@ class KafkaApis:
             self._data_arrived.set()
             self._data_arrived = asyncio.Event()
         if acks == 0:
+            failed = [(name, p.index) for name, parts in results for p in parts if p.error_code]
+            if failed:
+                # No response to carry the error: closing is how Kafka tells such a producer.
+                raise CloseConnectionError(f"acks=0 produce failed for {failed}")
             return None
         return [encode_produce_response(header.api_version, results)]
 

@@ -20,7 +20,7 @@ from directlog.protocol.api import ApiKey, encode_response, parse_request_header
 from directlog.protocol.errors import ErrorCode
 from directlog.protocol.frames import FrameReader, FrameTooLargeError
 from directlog.records.errors import RecordError
-from services.broker.apis import KafkaApis
+from services.broker.apis import CloseConnectionError, KafkaApis
 from services.broker.fetch_response import Part
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage import FileSlice
@@ -93,6 +93,8 @@ class KafkaServer:
         except (FrameTooLargeError, BadRequestError, RecordError) as error:
             self.metrics.closed_for_bad_input.inc()
             log.warning("closing connection from %s: %s", peer, error)
+        except CloseConnectionError as error:
+            log.info("closing connection from %s: %s", peer, error)
         except (ConnectionError, TimeoutError):
             pass
         except Exception:

@@ -20,7 +20,7 @@ from directlog.protocol.frames import FrameReader, FrameTooLargeError, frame
 from directlog.records.batch import Record, build_batch
 from directlog.records.errors import CorruptRecordError, RecordError
 from directlog.topics import TopicPartition
-from services.broker.apis import KafkaApis
+from services.broker.apis import CloseConnectionError, KafkaApis
 from services.broker.metrics import BrokerMetrics
 from services.broker.server import BadRequestError, KafkaServer
 from services.broker.settings import BrokerSettings
@@ -278,4 +278,32 @@ def test_metadata_for_an_unknown_topic_id_answers_unknown_topic_id():
         got = [(t.name, t.topic_id, t.error_code, len(t.partitions)) for t in response.topics]
         assert got == [("fuzz", known.topic_id, 0, 2), (None, missing, 100, 0)]  # UNKNOWN_TOPIC_ID
         assert broker.topics.get("") is None  # nothing was created for the unknown id
+        broker.logs.close()
+
+
+def test_failed_acks_zero_produce_closes_the_connection():
+    with tempfile.TemporaryDirectory() as name:
+        broker = InProcessBroker(Path(name))
+        records = build_batch([Record(0, 1_700_000_000_000, None, b"v")])
+        parts = ProduceRequest.TopicProduceData.PartitionProduceData
+        for index, fails in ((0, False), (9, True)):
+            request = ProduceRequest(
+                acks=0,
+                timeout_ms=100,
+                topic_data=[
+                    ProduceRequest.TopicProduceData(
+                        name="fuzz", partition_data=[parts(index=index, records=records)]
+                    )
+                ],
+            )
+            request.API_VERSION = 9
+            request.with_header(correlation_id=1, client_id="t")
+            raw = bytes(request.encode(header=True))
+            if fails:
+                with pytest.raises(CloseConnectionError, match="fuzz"):
+                    broker.respond(raw)
+            else:
+                assert broker.respond(raw)[0] is None  # acks=0: no response at all
+        log = broker.logs.get(TopicPartition("fuzz", 0))
+        assert log is not None and log.log_end_offset == 2
         broker.logs.close()
