@@ -8,12 +8,12 @@ defaults with the topic's own overrides on top, under Kafka's names.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from directlog.durable_files import write_atomically
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage import LogConfig
@@ -138,9 +138,4 @@ class TopicRegistry:
             }
             for t in sorted(self.topics.values(), key=lambda t: t.name)
         ]
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            json.dump(entries, out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.path)
+        write_atomically(self.path, json.dumps(entries, indent=1).encode())

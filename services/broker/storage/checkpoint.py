@@ -12,10 +12,10 @@ leaves either the old or the new file, never a mix.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from directlog.durable_files import write_atomically
 from directlog.topics import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,7 @@ class OffsetCheckpointFile:
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
         lines = [str(VERSION), str(len(offsets))]
         lines += [f"{tp.topic} {tp.partition} {offset}" for tp, offset in sorted(offsets.items())]
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write("\n".join(lines) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(self.path, ("\n".join(lines) + "\n").encode())
 
     def read(self) -> dict[TopicPartition, int]:
         """The entries, or {} if the file is missing or malformed. Every use of these

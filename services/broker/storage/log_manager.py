@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from directlog.durable_files import fsync_dir, remove_temporaries
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage.checkpoint import OffsetCheckpointFile
 from services.broker.storage.config import LogConfig
@@ -67,8 +68,7 @@ class LogManager:
     def _load(self) -> None:
         marker = self.log_dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
-        for leftover in self.log_dir.glob("*.tmp"):
-            leftover.unlink()
+        remove_temporaries(self.log_dir)
         recovery_points = self._recovery_points.read()
         log_starts = self._log_starts.read()
         high_watermarks = self._high_watermarks.read()
@@ -142,11 +142,7 @@ class LogManager:
         self.checkpoint()
         marker = self.log_dir / CLEAN_SHUTDOWN_FILE
         marker.touch()
-        fd = os.open(self.log_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.log_dir)
         self.logs.clear()
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)

@@ -1,0 +1,37 @@
+"""Durable small files, shared by every service that keeps state on disk.
+
+``write_atomically`` writes a temporary file, fsyncs it, renames it over the target and
+fsyncs the directory: a crash leaves either the old or the new file, never a mix, and the
+directory fsync makes the rename itself durable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(path.name + TMP_SUFFIX)
+    with open(temporary, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+    fsync_dir(path.parent)
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Delete leftovers of writes a crash interrupted before their rename."""
+    for leftover in directory.glob("*" + TMP_SUFFIX):
+        leftover.unlink(missing_ok=True)
