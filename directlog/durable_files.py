@@ -13,8 +13,9 @@ from pathlib import Path
 TMP_SUFFIX = ".tmp"
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes renames and creations durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -28,7 +29,7 @@ def write_atomically(path: Path, data: bytes) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def remove_temporaries(directory: Path) -> None:

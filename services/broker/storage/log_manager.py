@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from directlog.durable_files import fsync_dir, remove_temporaries
+from directlog.durable_files import fsync_path, remove_temporaries
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage.checkpoint import OffsetCheckpointFile
 from services.broker.storage.config import LogConfig
@@ -142,7 +142,7 @@ class LogManager:
         self.checkpoint()
         marker = self.log_dir / CLEAN_SHUTDOWN_FILE
         marker.touch()
-        fsync_dir(self.log_dir)
+        fsync_path(self.log_dir)
         self.logs.clear()
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)

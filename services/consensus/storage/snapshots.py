@@ -22,7 +22,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from directlog.durable_files import fsync_dir, write_atomically
+from directlog.durable_files import fsync_path, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Snapshots:
             return
         for zxid in zxids:
             self.path(zxid).unlink(missing_ok=True)
-        fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     def remove_above(self, zxid: int) -> list[int]:
         """Delete snapshots newer than ``zxid`` (they hold truncated transactions)."""

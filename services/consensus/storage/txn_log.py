@@ -43,7 +43,7 @@ from types import TracebackType
 
 from crc32c import crc32c
 
-from directlog.durable_files import fsync_dir
+from directlog.durable_files import fsync_path
 from services.consensus.storage.snapshots import parse_zxid
 from services.consensus.zab.state import LogEntry
 
@@ -187,21 +187,13 @@ class TxnLog:
                     changed = True
                     continue
                 os.truncate(path, size)
-                self._fsync_path(path)
+                fsync_path(path)
             self._segments.append(_Segment(first, path, size, last))
             prev = last
         if changed:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
         if self._segments:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
-
-    @staticmethod
-    def _fsync_path(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -279,7 +271,7 @@ class TxnLog:
         for fd in self._unsynced_fds:
             os.fsync(fd)
         if self._dir_dirty:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
 
     def truncate_to(self, zxid: int) -> None:
         """Remove every entry with a larger zxid, buffered or on disk; durable on return."""
@@ -290,7 +282,7 @@ class TxnLog:
             self._cut(zxid)
             if self._fd is not None:
                 os.fsync(self._fd)
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
         except BaseException as exc:
             self._failed = exc
             raise
@@ -329,7 +321,7 @@ class TxnLog:
             segment.path.unlink()
             removed.append(segment.path)
         if removed:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
         return removed
 
     # -- reading ---------------------------------------------------------------------
