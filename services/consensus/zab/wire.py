@@ -1,0 +1,378 @@
+"""Binary framing for ZAB peer messages over TCP: a small fixed header, then a per-type body.
+
+Every frame is ``length:uint32 | type:uint8 | sender:int32 | body`` (big-endian). ``length``
+counts the bytes after itself (type + sender + body), so a frame is ``4 + length`` bytes and
+the smallest legal ``length`` is 5. A reader knows a frame's size from its first four bytes,
+so an oversized or hostile length is refused before any of the body is buffered.
+
+Field encodings: ``i32``/``i64`` signed, ``u8``/``u32`` unsigned; ``opt i64`` is a presence
+byte (0 absent, 1 present) followed by the i64 only when present; ``[T]`` is a ``u32`` count
+followed by that many ``T``; ``bytes`` is ``u32`` length then the bytes; ``entry`` is
+``zxid:i64 | payload:bytes``. Enums travel as a u8 code, fixed here rather than derived from
+the enum's string values so renaming a member cannot change the wire:
+ServerState LOOKING=0 FOLLOWING=1 LEADING=2; SyncMode DIFF=0 TRUNC=1 SNAP=2.
+
+====  ============  ==============================================================
+type  message       body
+====  ============  ==============================================================
+1     Notification  leader:i32 zxid:i64 peer_epoch:i64 election_epoch:i64 state:u8
+2     FollowerInfo  accepted_epoch:i64 accepted_leader:i32
+3     NewEpoch      epoch:i64
+4     AckEpoch      epoch:i64 current_epoch:i64 last_zxid:i64 epoch_ends:[i64]
+5     Sync          epoch:i64 mode:u8 truncate_to:i64 entries:[entry]
+6     NewLeader     epoch:i64 zxid:i64
+7     AckNewLeader  epoch:i64 zxid:i64
+8     UpToDate      epoch:i64 commit_zxid:i64
+9     Proposal      epoch:i64 entry:entry
+10    Ack           epoch:i64 zxid:i64
+11    Commit        epoch:i64 zxid:i64
+12    Ping          epoch:i64
+13    PingAck       epoch:i64
+14    Forward       epoch:i64 request_id:i64 payload:bytes
+15    ForwardReply  epoch:i64 request_id:i64 zxid:opt i64
+====  ============  ==============================================================
+
+Decoding is bounded: every length and count is checked against the bytes actually left in
+the frame before it is used, and every failure is a :class:`WireError` naming the problem.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Final, Literal
+
+from services.consensus.zab.messages import (
+    Ack,
+    AckEpoch,
+    AckNewLeader,
+    Commit,
+    FollowerInfo,
+    Forward,
+    ForwardReply,
+    Message,
+    NewEpoch,
+    NewLeader,
+    Notification,
+    Ping,
+    PingAck,
+    Proposal,
+    ServerState,
+    Sync,
+    SyncMode,
+    UpToDate,
+)
+from services.consensus.zab.state import LogEntry
+
+__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "WireError", "encode"]
+
+HEADER_SIZE: Final = 9  # length:u32 type:u8 sender:i32
+_MIN_LENGTH: Final = 5  # type + sender, empty body
+DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # a SNAP sync carries a whole log
+
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_HEADER = struct.Struct(">IBi")
+
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_U32_MAX = (1 << 32) - 1
+
+_STATES: Final = (ServerState.LOOKING, ServerState.FOLLOWING, ServerState.LEADING)
+_MODES: Final = (SyncMode.DIFF, SyncMode.TRUNC, SyncMode.SNAP)
+_STATE_CODES: Final = {s: i for i, s in enumerate(_STATES)}
+_MODE_CODES: Final = {m: i for i, m in enumerate(_MODES)}
+
+_ENTRY_MIN: Final = 12  # zxid:i64 + payload length:u32
+
+
+class WireError(Exception):
+    """A frame that cannot be encoded or decoded; the connection carrying it is unusable."""
+
+
+Kind = Literal["i32", "i64", "opt_i64", "i64s", "state", "mode", "entry", "entries", "bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Codec:
+    type_code: int
+    cls: type
+    make: Callable[..., Message]
+    name: str
+    body: tuple[tuple[str, Kind], ...]  # every field but ``sender``, in wire order
+
+
+def _codec(code: int, cls: type[Message], *body: tuple[str, Kind]) -> _Codec:
+    # Fail at import if the table and the dataclass ever disagree on the fields.
+    names = tuple(f.name for f in fields(cls))
+    assert names == ("sender", *(n for n, _ in body)), (cls.__name__, names)
+    return _Codec(code, cls, cls, cls.__name__, body)
+
+
+_EPOCH: Final[tuple[str, Kind]] = ("epoch", "i64")
+_ZXID: Final[tuple[str, Kind]] = ("zxid", "i64")
+
+_CODECS: Final = (
+    _codec(
+        1,
+        Notification,
+        ("leader", "i32"),
+        _ZXID,
+        ("peer_epoch", "i64"),
+        ("election_epoch", "i64"),
+        ("state", "state"),
+    ),
+    _codec(2, FollowerInfo, ("accepted_epoch", "i64"), ("accepted_leader", "i32")),
+    _codec(3, NewEpoch, _EPOCH),
+    _codec(
+        4,
+        AckEpoch,
+        _EPOCH,
+        ("current_epoch", "i64"),
+        ("last_zxid", "i64"),
+        ("epoch_ends", "i64s"),
+    ),
+    _codec(5, Sync, _EPOCH, ("mode", "mode"), ("truncate_to", "i64"), ("entries", "entries")),
+    _codec(6, NewLeader, _EPOCH, _ZXID),
+    _codec(7, AckNewLeader, _EPOCH, _ZXID),
+    _codec(8, UpToDate, _EPOCH, ("commit_zxid", "i64")),
+    _codec(9, Proposal, _EPOCH, ("entry", "entry")),
+    _codec(10, Ack, _EPOCH, _ZXID),
+    _codec(11, Commit, _EPOCH, _ZXID),
+    _codec(12, Ping, _EPOCH),
+    _codec(13, PingAck, _EPOCH),
+    _codec(14, Forward, _EPOCH, ("request_id", "i64"), ("payload", "bytes")),
+    _codec(15, ForwardReply, _EPOCH, ("request_id", "i64"), ("zxid", "opt_i64")),
+)
+_BY_CLASS: Final = {c.cls: c for c in _CODECS}
+_BY_CODE: Final = {c.type_code: c for c in _CODECS}
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def _put_int(out: bytearray, packer: struct.Struct, lo: int, hi: int, v: int, what: str) -> None:
+    if not lo <= v <= hi:
+        raise WireError(f"{what}={v} out of range [{lo}, {hi}]")
+    out += packer.pack(v)
+
+
+def _put_bytes(out: bytearray, data: bytes, what: str) -> None:
+    if len(data) > _U32_MAX:
+        raise WireError(f"{what}: {len(data)} bytes exceed a u32 length")
+    out += _U32.pack(len(data))
+    out += data
+
+
+def _put_entry(out: bytearray, entry: LogEntry, what: str) -> None:
+    _put_int(out, _I64, _I64_MIN, _I64_MAX, entry.zxid, f"{what}.zxid")
+    _put_bytes(out, entry.payload, f"{what}.payload")
+
+
+def _put_count(out: bytearray, n: int, what: str) -> None:
+    if n > _U32_MAX:
+        raise WireError(f"{what}: {n} items exceed a u32 count")
+    out += _U32.pack(n)
+
+
+def _put(out: bytearray, kind: Kind, value: object, what: str) -> None:
+    if kind == "i64":
+        assert isinstance(value, int)
+        _put_int(out, _I64, _I64_MIN, _I64_MAX, value, what)
+    elif kind == "i32":
+        assert isinstance(value, int)
+        _put_int(out, _I32, _I32_MIN, _I32_MAX, value, what)
+    elif kind == "opt_i64":
+        if value is None:
+            out.append(0)
+        else:
+            assert isinstance(value, int)
+            out.append(1)
+            _put_int(out, _I64, _I64_MIN, _I64_MAX, value, what)
+    elif kind == "i64s":
+        assert isinstance(value, tuple)
+        _put_count(out, len(value), what)
+        for i, v in enumerate(value):
+            _put_int(out, _I64, _I64_MIN, _I64_MAX, v, f"{what}[{i}]")
+    elif kind == "state":
+        assert isinstance(value, ServerState)
+        out.append(_STATE_CODES[value])
+    elif kind == "mode":
+        assert isinstance(value, SyncMode)
+        out.append(_MODE_CODES[value])
+    elif kind == "entry":
+        assert isinstance(value, LogEntry)
+        _put_entry(out, value, what)
+    elif kind == "entries":
+        assert isinstance(value, tuple)
+        _put_count(out, len(value), what)
+        for i, e in enumerate(value):
+            _put_entry(out, e, f"{what}[{i}]")
+    else:  # "bytes"
+        assert isinstance(value, bytes)
+        _put_bytes(out, value, what)
+
+
+def encode(message: Message) -> bytes:
+    """The full frame for ``message``: header included, ready to write to the socket."""
+    codec = _BY_CLASS.get(type(message))
+    if codec is None:
+        raise WireError(f"not a ZAB message: {type(message).__name__}")
+    out = bytearray(HEADER_SIZE)
+    for name, kind in codec.body:
+        _put(out, kind, getattr(message, name), f"{codec.name}.{name}")
+    length = len(out) - 4
+    if length > _U32_MAX:
+        raise WireError(f"{codec.name}: frame of {length} bytes exceeds a u32 length")
+    sender = message.sender
+    if not _I32_MIN <= sender <= _I32_MAX:
+        raise WireError(f"{codec.name}.sender={sender} out of range for i32")
+    _HEADER.pack_into(out, 0, length, codec.type_code, sender)
+    return bytes(out)
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+
+class _Reader:
+    """A cursor over one frame's body; every read checks the bytes left first."""
+
+    __slots__ = ("buf", "end", "pos", "what")
+
+    def __init__(self, buf: bytearray, pos: int, end: int, what: str) -> None:
+        self.buf, self.pos, self.end, self.what = buf, pos, end, what
+
+    def _need(self, n: int, field: str) -> int:
+        pos = self.pos
+        if self.end - pos < n:
+            raise WireError(
+                f"{self.what}.{field}: body too short, needs {n} bytes, {self.end - pos} left"
+            )
+        self.pos = pos + n
+        return pos
+
+    def u8(self, field: str) -> int:
+        return self.buf[self._need(1, field)]
+
+    def i32(self, field: str) -> int:
+        v: int = _I32.unpack_from(self.buf, self._need(4, field))[0]
+        return v
+
+    def i64(self, field: str) -> int:
+        v: int = _I64.unpack_from(self.buf, self._need(8, field))[0]
+        return v
+
+    def count(self, field: str, item_size: int) -> int:
+        n: int = _U32.unpack_from(self.buf, self._need(4, field))[0]
+        left = self.end - self.pos
+        if n * item_size > left:
+            raise WireError(
+                f"{self.what}.{field}: {n} items need at least {n * item_size} bytes, {left} left"
+            )
+        return n
+
+    def raw(self, field: str) -> bytes:
+        n = self.count(field, 1)
+        pos = self._need(n, field)
+        return bytes(self.buf[pos : pos + n])
+
+    def entry(self, field: str) -> LogEntry:
+        return LogEntry(self.i64(f"{field}.zxid"), self.raw(f"{field}.payload"))
+
+    def read(self, kind: Kind, field: str) -> object:
+        if kind == "i64":
+            return self.i64(field)
+        if kind == "i32":
+            return self.i32(field)
+        if kind == "opt_i64":
+            flag = self.u8(field)
+            if flag == 0:
+                return None
+            if flag != 1:
+                raise WireError(f"{self.what}.{field}: presence byte {flag}, expected 0 or 1")
+            return self.i64(field)
+        if kind == "i64s":
+            return tuple(self.i64(field) for _ in range(self.count(field, 8)))
+        if kind == "state":
+            code = self.u8(field)
+            if code >= len(_STATES):
+                raise WireError(f"{self.what}.{field}: unknown ServerState code {code}")
+            return _STATES[code]
+        if kind == "mode":
+            code = self.u8(field)
+            if code >= len(_MODES):
+                raise WireError(f"{self.what}.{field}: unknown SyncMode code {code}")
+            return _MODES[code]
+        if kind == "entry":
+            return self.entry(field)
+        if kind == "entries":
+            n = self.count(field, _ENTRY_MIN)
+            return tuple(self.entry(f"{field}[{i}]") for i in range(n))
+        return self.raw(field)  # "bytes"
+
+
+def _decode_frame(buf: bytearray, start: int, end: int) -> Message:
+    """Decode the frame whose type byte is at ``start`` and whose last byte is ``end - 1``."""
+    type_code = buf[start]
+    codec = _BY_CODE.get(type_code)
+    if codec is None:
+        raise WireError(f"unknown message type {type_code}")
+    sender: int = _I32.unpack_from(buf, start + 1)[0]
+    reader = _Reader(buf, start + 5, end, codec.name)
+    values = [sender, *(reader.read(kind, name) for name, kind in codec.body)]
+    if reader.pos != end:
+        raise WireError(f"{codec.name}: {end - reader.pos} trailing bytes after the body")
+    return codec.make(*values)
+
+
+class FrameDecoder:
+    """Splits a TCP byte stream into frames and decodes them.
+
+    ``max_frame`` bounds a frame's ``length`` field; a larger one is refused as soon as its
+    four length bytes arrive, so a peer cannot make us buffer it. After a :class:`WireError`
+    the stream has lost framing, so the decoder refuses all further input.
+    """
+
+    __slots__ = ("_buf", "_failed", "_max_frame")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if not _MIN_LENGTH <= max_frame <= _U32_MAX:
+            raise ValueError(f"max_frame must be in [{_MIN_LENGTH}, {_U32_MAX}], got {max_frame}")
+        self._max_frame = max_frame
+        self._buf = bytearray()
+        self._failed: WireError | None = None
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Buffer ``data`` and return every message completed by it, in stream order."""
+        if self._failed is not None:
+            raise WireError(f"decoder already failed: {self._failed}")
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                (length,) = _U32.unpack_from(buf, pos)
+                if length > self._max_frame:
+                    raise WireError(f"frame length {length} exceeds max_frame {self._max_frame}")
+                if length < _MIN_LENGTH:
+                    raise WireError(f"frame length {length} is below the {_MIN_LENGTH}-byte header")
+                end = pos + 4 + length
+                if end > len(buf):
+                    break
+                out.append(_decode_frame(buf, pos + 4, end))
+                pos = end
+        except WireError as e:
+            self._failed = e
+            buf.clear()
+            raise
+        del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame not yet complete."""
+        return len(self._buf)
