@@ -39,13 +39,10 @@ HEADER_SIZE = 61
 MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 
 # Byte positions of header fields, from the start of the batch.
-BASE_OFFSET_AT = 0
 BATCH_LENGTH_AT = 8
-LEADER_EPOCH_AT = 12
 MAGIC_AT = 16
 CRC_AT = 17
 ATTRIBUTES_AT = 21  # CRC coverage starts here
-MAX_TIMESTAMP_AT = 35
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
@@ -56,7 +53,6 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_FLAG = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
-DELETE_HORIZON_FLAG = 0x40
 
 NO_TIMESTAMP = -1
 NO_PRODUCER_ID = -1

@@ -143,7 +143,7 @@ class KafkaApis:
                     self.metrics.produced(topic.name, appended_result.records, appended_result.size)
                 except Exception as error:
                     result.error_code, result.error_message = self._item_error(
-                        error, "produce", topic.name, data.index
+                        error, "produce", f"{topic.name}-{data.index}"
                     )
                 partitions.append(result)
             results.append((topic.name, partitions))
@@ -158,15 +158,15 @@ class KafkaApis:
             return None
         return [encode_produce_response(header.api_version, results)]
 
-    def _item_error(
-        self, error: BaseException, api: str, topic: str, partition: int
-    ) -> tuple[ErrorCode, str]:
+    def _item_error(self, error: BaseException, api: str, item: str) -> tuple[ErrorCode, str]:
+        """The Kafka error code answering one failed item (a partition, a topic, a config
+        resource), counted and logged once; a traceback only for what no code describes."""
         code = error_code_for(error)
         self.metrics.request_error(api, code)
         if code is ErrorCode.UNKNOWN_SERVER_ERROR:
-            log.exception("%s to %s-%d failed", api, topic, partition)
+            log.exception("%s for %s failed", api, item)
         else:
-            log.info("%s to %s-%d: %s: %s", api, topic, partition, code.name, error)
+            log.info("%s for %s: %s: %s", api, item, code.name, error)
         return code, str(error)
 
     # Fetch -----------------------------------------------------------------------------
@@ -234,7 +234,9 @@ class KafkaApis:
                         data.records = _down_convert(read.records.read(), 0 if version < 2 else 1)
                     total += data.records_size
                 except Exception as error:
-                    data.error_code, _ = self._item_error(error, "fetch", name, wanted.partition)
+                    data.error_code, _ = self._item_error(
+                        error, "fetch", f"{name}-{wanted.partition}"
+                    )
                     data.records = None if not isinstance(error, OffsetOutOfRangeError) else b""
                     failed = True
                 partitions.append(data)
@@ -255,7 +257,7 @@ class KafkaApis:
                     offset, timestamp = self._offset_for(partition_log, wanted.timestamp)
                 except Exception as error:
                     code, _ = self._item_error(
-                        error, "list_offsets", topic.name, wanted.partition_index
+                        error, "list_offsets", f"{topic.name}-{wanted.partition_index}"
                     )
                 partitions.append(
                     response.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
@@ -341,7 +343,7 @@ class KafkaApis:
                 topic = self.topics.create(name, self.settings.default_partitions, {}, self.logs)
                 log.info("created topic %s with %d partitions on first use", name, topic.partitions)
             except Exception as error:
-                code = error_code_for(error)
+                code, _ = self._item_error(error, "metadata", f"topic {name!r}")
         node = self.settings.node_id
         partitions = (
             []
@@ -440,8 +442,7 @@ class KafkaApis:
                         wanted.name, partitions, configs, self.logs
                     ).topic_id
             except Exception as error:
-                code, message = error_code_for(error), str(error)
-                self.metrics.request_error("create_topics", code)
+                code, message = self._item_error(error, "create_topics", f"topic {wanted.name!r}")
             results.append(
                 response.CreatableTopicResult(
                     name=wanted.name,
@@ -473,8 +474,7 @@ class KafkaApis:
                     name = known.name
                 topic_id = self.topics.delete(name, self.logs).topic_id
             except Exception as error:
-                code, message = error_code_for(error), str(error)
-                self.metrics.request_error("delete_topics", code)
+                code, message = self._item_error(error, "delete_topics", f"topic {name!r}")
             results.append(
                 response.DeletableTopicResult(
                     name=name,
@@ -496,8 +496,9 @@ class KafkaApis:
                 else:
                     self.topics.add_partitions(wanted.name, wanted.count, self.logs)
             except Exception as error:
-                code, message = error_code_for(error), str(error)
-                self.metrics.request_error("create_partitions", code)
+                code, message = self._item_error(
+                    error, "create_partitions", f"topic {wanted.name!r}"
+                )
             results.append(
                 response.CreatePartitionsTopicResult(
                     name=wanted.name, error_code=code, error_message=message
@@ -536,7 +537,9 @@ class KafkaApis:
                         )
                     )
             except Exception as error:
-                code, message = error_code_for(error), str(error)
+                code, message = self._item_error(
+                    error, "describe_configs", f"resource {resource.resource_name!r}"
+                )
             results.append(
                 response.DescribeConfigsResult(
                     error_code=code,
@@ -604,8 +607,9 @@ class KafkaApis:
                 if not request.validate_only:
                     self.topics.set_configs(topic.name, configs, self.logs)
             except Exception as error:
-                code, message = error_code_for(error), str(error)
-                self.metrics.request_error("incremental_alter_configs", code)
+                code, message = self._item_error(
+                    error, "incremental_alter_configs", f"resource {resource.resource_name!r}"
+                )
             results.append(
                 response.AlterConfigsResourceResponse(
                     error_code=code,

@@ -92,8 +92,7 @@ class TopicRegistry:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
         del self._by_id[topic.topic_id]
         self._save()
-        for index in range(topic.partitions):
-            logs.delete(TopicPartition(name, index))
+        logs.delete(*(TopicPartition(name, index) for index in range(topic.partitions)))
         return topic
 
     def check_partition_increase(self, name: str, count: int) -> Topic:

@@ -360,16 +360,20 @@ class PartitionLog:
             if self._pending:
                 raise ReservationStateError("roll while reservations are pending")
             head.on_inactive()
-            segment = LogSegment.create(
-                self.directory,
-                self.log_end_offset,
-                index_interval=self.config.index_interval_bytes,
-                now_ms=self._clock(),
-                capacity=self.config.segment_bytes if self.config.preallocate else None,
-            )
+            segment = self._new_segment(self.log_end_offset)
             self._segments.append(segment)
             self._bases.append(segment.base_offset)
             return segment
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        """An empty segment at base_offset with this log's settings (preallocated if asked)."""
+        return LogSegment.create(
+            self.directory,
+            base_offset,
+            index_interval=self.config.index_interval_bytes,
+            now_ms=self._clock(),
+            capacity=self.config.segment_bytes if self.config.preallocate else None,
+        )
 
     # Reading ---------------------------------------------------------------------------
 
@@ -385,12 +389,13 @@ class PartitionLog:
         batch when `min_one_batch`), none holding offsets at or above `upper_offset`
         (default: the log end; consumers pass the high watermark)."""
         with self._lock:
-            segments, bases = list(self._segments), list(self._bases)
+            first = max(bisect_right(self._bases, offset) - 1, 0)
+            segments = self._segments[first : first + 2]  # the offset lies in these two at most
             start, end, hw = self.log_start_offset, self.log_end_offset, self.high_watermark
         if not start <= offset <= end:
             raise OffsetOutOfRangeError(offset, start, end)
         upper = end if upper_offset is None else min(upper_offset, end)
-        for segment in segments[max(bisect_right(bases, offset) - 1, 0) :]:
+        for segment in segments:
             if segment.base_offset >= upper or offset >= upper:
                 break
             found = segment.locate(offset)
@@ -511,13 +516,7 @@ class PartitionLog:
     def _reset_at(self, offset: int) -> None:
         for segment in self._segments:
             segment.delete()
-        head = LogSegment.create(
-            self.directory,
-            offset,
-            index_interval=self.config.index_interval_bytes,
-            now_ms=self._clock(),
-            capacity=self.config.segment_bytes if self.config.preallocate else None,
-        )
+        head = self._new_segment(offset)
         self._segments = [head]
         self._bases = [offset]
         self.log_start_offset = offset

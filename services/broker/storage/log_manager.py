@@ -109,10 +109,12 @@ class LogManager:
         self.logs[tp] = created
         return created
 
-    def delete(self, tp: TopicPartition) -> None:
-        removed = self.logs.pop(tp, None)
-        if removed is not None:
-            removed.delete()
+    def delete(self, *tps: TopicPartition) -> None:
+        """Delete these partitions' logs, then rewrite the checkpoints once without them."""
+        removed = [log for log in (self.logs.pop(tp, None) for tp in tps) if log is not None]
+        for partition_log in removed:
+            partition_log.delete()
+        if removed:
             self.checkpoint()
 
     def checkpoint(self) -> None:

@@ -26,8 +26,7 @@ class TimeIndex(IndexFile):
     def maybe_append(self, timestamp: int, offset: int) -> None:
         """Add (timestamp, offset) if the timestamp is larger than the last entry's."""
         if not self.keys or timestamp > self.keys[-1]:
-            if self.values and offset < self.values[-1]:
-                offset = self.values[-1]
+            assert not self.values or offset >= self.values[-1], "time index offsets went back"
             self.append_entry(timestamp, offset)
 
     def lookup(self, timestamp: int) -> int | None:

@@ -16,8 +16,6 @@ from services.consensus.jute.primitives import Reader, Writer
 # Smallest encodings, used to bound a vector's count before decoding its elements.
 USTRING_MIN = 4
 ACL_MIN = 4 + USTRING_MIN + USTRING_MIN
-STAT_SIZE = 8 * 4 + 4 * 3 + 8 + 4 * 2 + 8
-MULTI_HEADER_SIZE = 4 + 1 + 4
 
 
 @dataclass(frozen=True, slots=True, order=True)
