@@ -1,5 +1,7 @@
 """Size-prefixed frames (int32 length, then that many bytes), read without I/O or copies.
 
+Both client protocols Directlog serves frame this way: Kafka's and ZooKeeper's (jute).
+
 The caller receives into `writable()` and reports the count with `received(n)`; `frames()`
 then yields each complete frame as a view into the receive buffer, valid until the next
 `writable()` call. A frame larger than the buffer gets a buffer of its own, received into
@@ -17,6 +19,11 @@ _SIZE = struct.Struct(">i")
 
 class FrameTooLargeError(Exception):
     """A frame length above the limit (socket.request.max.bytes), or a negative one."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes; the limit is {limit}")
+        self.size = size
+        self.limit = limit
 
 
 class FrameReader:
@@ -55,7 +62,7 @@ class FrameReader:
         while self._end - self._start >= 4:
             (size,) = _SIZE.unpack_from(buffer, self._start)
             if size < 0 or size > self.max_frame:
-                raise FrameTooLargeError(f"frame of {size} bytes; the limit is {self.max_frame}")
+                raise FrameTooLargeError(size, self.max_frame)
             available = self._end - self._start - 4
             if size > len(buffer) - 4:
                 # Too big for the buffer: move what arrived into a buffer of its own size.
@@ -74,6 +81,21 @@ class FrameReader:
             begin = self._start + 4
             self._start = begin + size
             yield memoryview(buffer)[begin : begin + size]
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """For callers holding bytes already received: every frame they complete, copied
+        out (the zero-copy path is writable/received/frames)."""
+        incoming = memoryview(data).cast("B")
+        out: list[bytes] = []
+        taken = 0
+        while taken < len(incoming):
+            room = self.writable()
+            count = min(len(room), len(incoming) - taken)
+            room[:count] = incoming[taken : taken + count]
+            taken += count
+            self.received(count)
+            out += [bytes(frame) for frame in self.frames()]
+        return out
 
     @property
     def pending(self) -> int:

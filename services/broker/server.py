@@ -16,9 +16,9 @@ import socket
 import time
 from typing import Any
 
+from directlog.frames import FrameReader, FrameTooLargeError
 from directlog.protocol.api import ApiKey, encode_response, parse_request_header, response_header
 from directlog.protocol.errors import ErrorCode
-from directlog.protocol.frames import FrameReader, FrameTooLargeError
 from directlog.records.errors import RecordError
 from services.broker.apis import CloseConnectionError, KafkaApis
 from services.broker.fetch_response import Part

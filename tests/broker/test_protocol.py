@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from directlog.frames import FrameReader, FrameTooLargeError, frame
 from directlog.protocol.api import APIS, ApiKey, parse_request_header
-from directlog.protocol.frames import FrameReader, FrameTooLargeError, frame
 from directlog.records.batch import Record, build_batch
 from directlog.records.errors import CorruptRecordError, RecordError
 from directlog.topics import TopicPartition

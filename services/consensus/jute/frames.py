@@ -5,6 +5,7 @@ above max_buffer is refused as soon as its four bytes are seen, before anything 
 buffered for it, as ZooKeeper's server does ("Len error").
 """
 
+from directlog.frames import FrameReader, FrameTooLargeError
 from services.consensus.jute.errors import LengthLimitError, MalformedError
 from services.consensus.jute.primitives import DEFAULT_MAX_BUFFER, INT, Buffer
 
@@ -17,39 +18,29 @@ def encode_frame(payload: Buffer) -> bytes:
 class FrameSplitter:
     """Accumulates stream bytes and yields complete frame payloads in order.
 
-    After it raises, the stream has no trustworthy frame boundary left: close the
-    connection rather than feed it more.
+    The splitting is directlog.frames.FrameReader's (the Kafka server's, same framing);
+    this adapter takes bytes already received and answers with jute's errors. After it
+    raises, the stream has no trustworthy frame boundary left: close the connection
+    rather than feed it more.
     """
 
-    __slots__ = ("_buf", "max_buffer")
+    __slots__ = ("_reader", "max_buffer")
 
     def __init__(self, max_buffer: int = DEFAULT_MAX_BUFFER) -> None:
-        self._buf = bytearray()
+        self._reader = FrameReader(max_buffer, buffer_size=64 * 1024)
         self.max_buffer = max_buffer
 
     @property
     def pending(self) -> int:
         """Bytes held for a frame not yet complete."""
-        return len(self._buf)
+        return self._reader.pending
 
     def feed(self, data: Buffer) -> list[bytes]:
-        self._buf += data
-        frames: list[bytes] = []
-        pos = 0
-        end = len(self._buf)
         try:
-            while end - pos >= 4:
-                (length,) = INT.unpack_from(self._buf, pos)
-                if length < 0:
-                    raise MalformedError(f"frame length {length} is negative")
-                if length > self.max_buffer:
-                    raise LengthLimitError(
-                        f"frame length {length} exceeds max_buffer {self.max_buffer}"
-                    )
-                if end - pos - 4 < length:
-                    break
-                frames.append(bytes(self._buf[pos + 4 : pos + 4 + length]))
-                pos += 4 + length
-        finally:
-            del self._buf[:pos]
-        return frames
+            return self._reader.feed(data)
+        except FrameTooLargeError as error:
+            if error.size < 0:
+                raise MalformedError(f"frame length {error.size} is negative") from error
+            raise LengthLimitError(
+                f"frame length {error.size} exceeds max_buffer {self.max_buffer}"
+            ) from error

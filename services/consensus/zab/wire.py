@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Final, Literal
 
+from directlog.frames import FrameReader, FrameTooLargeError
 from services.consensus.zab.messages import (
     Ack,
     AckEpoch,
@@ -242,7 +243,7 @@ class _Reader:
 
     __slots__ = ("buf", "end", "pos", "what")
 
-    def __init__(self, buf: bytearray, pos: int, end: int, what: str) -> None:
+    def __init__(self, buf: bytes | bytearray, pos: int, end: int, what: str) -> None:
         self.buf, self.pos, self.end, self.what = buf, pos, end, what
 
     def _need(self, n: int, field: str) -> int:
@@ -314,7 +315,7 @@ class _Reader:
         return self.raw(field)  # "bytes"
 
 
-def _decode_frame(buf: bytearray, start: int, end: int) -> Message:
+def _decode_frame(buf: bytes | bytearray, start: int, end: int) -> Message:
     """Decode the frame whose type byte is at ``start`` and whose last byte is ``end - 1``."""
     type_code = buf[start]
     codec = _BY_CODE.get(type_code)
@@ -331,48 +332,47 @@ def _decode_frame(buf: bytearray, start: int, end: int) -> Message:
 class FrameDecoder:
     """Splits a TCP byte stream into frames and decodes them.
 
-    ``max_frame`` bounds a frame's ``length`` field; a larger one is refused as soon as its
-    four length bytes arrive, so a peer cannot make us buffer it. After a :class:`WireError`
-    the stream has lost framing, so the decoder refuses all further input.
+    The splitting is directlog.frames.FrameReader's: ``max_frame`` bounds a frame's
+    ``length`` field and a larger one is refused as soon as its four length bytes arrive,
+    so a peer cannot make us buffer it. After a :class:`WireError` the stream has lost
+    framing, so the decoder refuses all further input.
     """
 
-    __slots__ = ("_buf", "_failed", "_max_frame")
+    __slots__ = ("_failed", "_max_frame", "_reader")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         if not _MIN_LENGTH <= max_frame <= _U32_MAX:
             raise ValueError(f"max_frame must be in [{_MIN_LENGTH}, {_U32_MAX}], got {max_frame}")
         self._max_frame = max_frame
-        self._buf = bytearray()
+        self._reader = FrameReader(max_frame, buffer_size=64 * 1024)
         self._failed: WireError | None = None
 
     def feed(self, data: bytes) -> list[Message]:
         """Buffer ``data`` and return every message completed by it, in stream order."""
         if self._failed is not None:
             raise WireError(f"decoder already failed: {self._failed}")
-        buf = self._buf
-        buf += data
-        out: list[Message] = []
-        pos = 0
         try:
-            while len(buf) - pos >= 4:
-                (length,) = _U32.unpack_from(buf, pos)
-                if length > self._max_frame:
-                    raise WireError(f"frame length {length} exceeds max_frame {self._max_frame}")
-                if length < _MIN_LENGTH:
-                    raise WireError(f"frame length {length} is below the {_MIN_LENGTH}-byte header")
-                end = pos + 4 + length
-                if end > len(buf):
-                    break
-                out.append(_decode_frame(buf, pos + 4, end))
-                pos = end
+            try:
+                frames = self._reader.feed(data)
+            except FrameTooLargeError as error:
+                length = error.size % (1 << 32)  # the field is unsigned on this wire
+                raise WireError(
+                    f"frame length {length} exceeds max_frame {self._max_frame}"
+                ) from error
+            out = []
+            for frame in frames:
+                if len(frame) < _MIN_LENGTH:
+                    raise WireError(
+                        f"frame length {len(frame)} is below the {_MIN_LENGTH}-byte header"
+                    )
+                out.append(_decode_frame(frame, 0, len(frame)))
         except WireError as e:
             self._failed = e
-            buf.clear()
+            self._reader = FrameReader(self._max_frame, buffer_size=64 * 1024)  # drop the rest
             raise
-        del buf[:pos]
         return out
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame not yet complete."""
-        return len(self._buf)
+        return self._reader.pending
