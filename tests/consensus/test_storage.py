@@ -27,7 +27,7 @@ from services.consensus.storage import (
 )
 from services.consensus.storage.snapshots import snapshot_name
 from services.consensus.storage.txn_log import RECORD_HEADER, encode_record, segment_name
-from services.consensus.zab import HardState, LogEntry, PersistedState, make_zxid
+from services.consensus.zab import EMPTY_SNAPSHOT, HardState, LogEntry, PersistedState, make_zxid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -420,11 +420,11 @@ def test_sigkill_keeps_every_reported_zxid(tmp_path: Path) -> None:
             child.stdout.close()
     assert len(reported) >= 20, "child made too little progress"
     state = load(tmp_path)
-    zxids = [e.zxid for e in state.persisted.log]
-    assert state.persisted.hard_state == HardState(1, 1, 1)
+    zxids = [e.zxid for e in state.log]
+    assert state.hard_state == HardState(1, 1, 1)
     assert zxids == [make_zxid(1, c) for c in range(1, len(zxids) + 1)]  # dense, ordered
     assert set(reported) <= set(zxids)
-    assert all(e.payload == b"x" * ((e.zxid & 0xFFFFFFFF) % 97) for e in state.persisted.log)
+    assert all(e.payload == b"x" * ((e.zxid & 0xFFFFFFFF) % 97) for e in state.log)
 
 
 # -- hard state --------------------------------------------------------------------------
@@ -516,8 +516,8 @@ def test_purge_keeps_n_and_removes_segments_below_oldest_kept(tmp_path: Path) ->
         assert data_dir.log.segments()[0][0] <= oldest_kept
         assert list(data_dir.log.read_from(oldest_kept)) == entries(61, 40)
         state = data_dir.load()
-    assert state.snapshot is not None and state.snapshot.zxid == make_zxid(1, 80)
-    assert state.persisted.log == tuple(entries(81, 20))
+    assert state.snapshot.zxid == make_zxid(1, 80)
+    assert state.log == tuple(entries(81, 20))
 
 
 # -- load --------------------------------------------------------------------------------
@@ -526,9 +526,9 @@ def test_purge_keeps_n_and_removes_segments_below_oldest_kept(tmp_path: Path) ->
 def test_empty_dir_loads_as_fresh_member(tmp_path: Path) -> None:
     for directory in (tmp_path, tmp_path / "not" / "yet"):
         state = load(directory)
-        assert state.persisted == PersistedState()
-        assert state.persisted.hard_state == HardState()
-        assert state.snapshot is None
+        assert state == PersistedState()
+        assert state.hard_state == HardState()
+        assert state.snapshot == EMPTY_SNAPSHOT
 
 
 def test_load_returns_snapshot_and_log_after_it(tmp_path: Path) -> None:
@@ -540,10 +540,9 @@ def test_load_returns_snapshot_and_log_after_it(tmp_path: Path) -> None:
         data_dir.append(entries(31, 3))  # never synced: lost with the process
     (tmp_path / "snapshot.0000000100000099.tmp").write_bytes(b"half")
     state = load(tmp_path)
-    assert state.persisted.hard_state == HardState(2, 4, 2)
-    assert state.snapshot is not None
+    assert state.hard_state == HardState(2, 4, 2)
     assert (state.snapshot.zxid, state.snapshot.data) == (entry(20).zxid, b"tree-at-20")
-    assert state.persisted.log == tuple(entries(21, 10))
+    assert state.log == tuple(entries(21, 10))
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
@@ -556,5 +555,5 @@ def test_truncate_drops_snapshots_above(tmp_path: Path) -> None:
         data_dir.save_snapshot(entry(25).zxid, b"t25")
         data_dir.truncate_to(entry(18).zxid)
         state = data_dir.load()
-    assert state.snapshot is not None and state.snapshot.zxid == entry(10).zxid
-    assert state.persisted.log == tuple(entries(11, 8))
+    assert state.snapshot.zxid == entry(10).zxid
+    assert state.log == tuple(entries(11, 8))

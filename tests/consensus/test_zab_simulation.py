@@ -271,12 +271,17 @@ REGRESSIONS: list[tuple[int, SimConfig]] = [
 ]
 
 VARIANTS: dict[str, tuple[range, SimConfig]] = {
-    "n3": (range(0, 200), SimConfig(ticks=1500)),
+    "n3": (range(0, 500), SimConfig(ticks=1500)),
     "n3-heavy": (
         range(1000, 1060),
         SimConfig(drop_prob=0.02, crash_prob=0.01, partition_prob=0.01, max_delay=5, disk_delay=5),
     ),
     "n3-snap": (range(2000, 2040), SimConfig(diff_window=3, crash_prob=0.01)),
+    "n3-compact": (range(6000, 6400), SimConfig(crash_prob=0.01, compact_prob=0.05)),
+    "n3-compact-snap": (
+        range(7000, 7040),
+        SimConfig(diff_window=3, crash_prob=0.01, compact_prob=0.1, partition_prob=0.01),
+    ),
     "n3-all": (range(3000, 3040), SimConfig(quorum="all")),
     "n3-slow-net": (
         range(5000, 5040),
@@ -306,7 +311,7 @@ def test_regression_seeds(seed: int, config: SimConfig) -> None:
 def test_simulation_seeds(variant: str) -> None:
     seeds, config = VARIANTS[variant]
     started = time.monotonic()
-    commits = elections = 0
+    commits = elections = snaps = 0
     for seed in seeds:
         try:
             sim = run_seed(seed, config)
@@ -314,7 +319,11 @@ def test_simulation_seeds(variant: str) -> None:
             pytest.fail(f"{variant}: replay with run_seed({seed}, {config!r}): {exc}")
         commits += sim.stats["commits"]
         elections += sim.stats["elections"]
+        snaps += sim.stats["snaps"]
     # Guard against a vacuous pass: the runs must make real progress through faults.
     assert commits > 50 * len(seeds), commits
     assert elections > len(seeds), elections
-    print(f"{variant}: {len(seeds)} seeds, {commits} commits, {time.monotonic() - started:.1f}s")
+    if config.compact_prob:
+        assert snaps > len(seeds), snaps  # SNAP syncs that carried a real snapshot
+    elapsed = time.monotonic() - started
+    print(f"{variant}: {len(seeds)} seeds, {commits} commits, {snaps} snapshots, {elapsed:.1f}s")

@@ -23,7 +23,7 @@ from services.consensus.zab.messages import (
     Sync,
     SyncMode,
 )
-from services.consensus.zab.state import LogEntry
+from services.consensus.zab.state import LogEntry, Snapshot
 from services.consensus.zab.wire import HEADER_SIZE, FrameDecoder, WireError, encode
 
 MESSAGE_CLASSES: tuple[type[Any], ...] = typing.get_args(messages.Message)
@@ -49,6 +49,8 @@ def field_strategy(name: str, hint: object) -> st.SearchStrategy[Any]:
         return st.lists(i64, max_size=8).map(tuple)
     if hint == tuple[LogEntry, ...]:
         return st.lists(entries, max_size=8).map(tuple)
+    if hint == Snapshot | None:
+        return st.none() | st.builds(Snapshot, zxid=i64, data=st.binary(max_size=64))
     if isinstance(hint, type) and issubclass(hint, Enum):
         return st.sampled_from(hint)
     raise AssertionError(f"no strategy for {name}: {hint!r}")
@@ -87,8 +89,11 @@ def test_known_answer_optional_and_lists() -> None:
     assert encode(ForwardReply(1, 2, 9, None)) == struct.pack(">IBiqqB", 22, 15, 1, 2, 9, 0)
     assert encode(ForwardReply(1, 2, 9, 5)) == struct.pack(">IBiqqBq", 30, 15, 1, 2, 9, 1, 5)
     sync = Sync(0, 4, SyncMode.TRUNC, 8, (LogEntry(9, b"ab"),))
-    body = struct.pack(">qBqIqI", 4, 1, 8, 1, 9, 2) + b"ab"
+    body = struct.pack(">qBqIqI", 4, 1, 8, 1, 9, 2) + b"ab" + b"\x00"
     assert encode(sync) == struct.pack(">IBi", 5 + len(body), 5, 0) + body
+    snap = Sync(0, 4, SyncMode.SNAP, 0, (), Snapshot(7, b"tree"))
+    body = struct.pack(">qBqIBqI", 4, 2, 0, 0, 1, 7, 4) + b"tree"
+    assert encode(snap) == struct.pack(">IBi", 5 + len(body), 5, 0) + body
 
 
 @pytest.mark.parametrize("cls", MESSAGE_CLASSES, ids=lambda c: c.__name__)

@@ -5,7 +5,9 @@ order with random delays, so reordering happens only across links. Any loss (a r
 a partition, a crashed peer) breaks the link: everything in flight is discarded, later sends
 on it are discarded too, and after a random delay both ends get ``link_reset`` and a fresh
 connection starts. Disks write appends in order after a random delay; a crash loses what
-was not yet written, keeping the hard state and the durable log.
+was not yet written, keeping the hard state, the snapshot and the durable log. Nodes compact
+at random: the state machine's image (the applied zxids) becomes the snapshot and the log
+before it is dropped, so SNAP syncs carry real snapshots.
 
 Checks run as the simulation goes: at most one established leader per epoch; every node's
 applied sequence (per incarnation, from the start of the log) is a prefix of one common
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from services.consensus.zab import (
+    EMPTY_SNAPSHOT,
     Accepted,
     Committed,
     HardState,
@@ -34,6 +37,7 @@ from services.consensus.zab import (
     ProposeResult,
     QuorumMode,
     ServerState,
+    Snapshot,
 )
 
 Link = tuple[int, int]
@@ -60,6 +64,7 @@ class SimConfig:
     propose_prob: float = 0.3
     diff_window: int = 1000
     max_in_flight: int = 64
+    compact_prob: float = 0.0  # per tick: one live node snapshots its applied state
 
 
 @dataclass
@@ -67,9 +72,10 @@ class Disk:
     hard_state: HardState = field(default_factory=HardState)
     log: list[LogEntry] = field(default_factory=list)
     pending: list[tuple[int, LogEntry]] = field(default_factory=list)  # (ready_at, entry)
+    snap: Snapshot = EMPTY_SNAPSHOT
 
     def snapshot(self) -> PersistedState:
-        return PersistedState(self.hard_state, tuple(self.log))
+        return PersistedState(self.hard_state, tuple(self.log), self.snap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ class Simulation:
         self.ids = list(range(1, config.nodes + 1))
         self.disks = {i: Disk() for i in self.ids}
         for i, state in (initial or {}).items():
-            self.disks[i] = Disk(state.hard_state, list(state.log))
+            self.disks[i] = Disk(state.hard_state, list(state.log), snap=state.snapshot)
         self.nodes: dict[int, Node | None] = {}
         self.now = 0
         self._seq = 0
@@ -123,7 +129,7 @@ class Simulation:
         self._requests: dict[tuple[int, int, int], bytes] = {}
         self._incarnation = dict.fromkeys(self.ids, 0)
         self._payloads = 0
-        self.stats = {"commits": 0, "crashes": 0, "resets": 0, "elections": 0}
+        self.stats = {"commits": 0, "crashes": 0, "resets": 0, "elections": 0, "snaps": 0}
         for i in self.ids:
             self._start(i)
 
@@ -136,7 +142,7 @@ class Simulation:
 
     def _start(self, i: int) -> None:
         self._incarnation[i] += 1
-        self.applied[i] = []
+        self.applied[i] = self._image(i, self.disks[i].snap)
         node = Node(
             i,
             self.ids,
@@ -173,6 +179,10 @@ class Simulation:
             t = rd.truncate_to
             disk.log = [e for e in disk.log if e.zxid <= t]
             disk.pending = [(at, e) for at, e in disk.pending if e.zxid <= t]
+        if rd.snapshot is not None:
+            disk.snap = rd.snapshot
+            self.applied[i] = self._image(i, rd.snapshot)
+            self.stats["snaps"] += 1
         if rd.entries:
             at = self.now + self.rng.randint(0, self.cfg.disk_delay)
             if disk.pending:
@@ -198,6 +208,29 @@ class Simulation:
                 if other != i:
                     self.fail(f"two leaders for epoch {rc.epoch}: {other} and {i}")
         node.advance()
+
+    def _image(self, i: int, snap: Snapshot) -> list[LogEntry]:
+        """The applied sequence a snapshot stands for; it must be a prefix of history."""
+        zxids = [int(z, 16) for z in snap.data.decode().split(",")] if snap.data else []
+        if (zxids[-1] if zxids else 0) != snap.zxid:
+            self.fail(f"node {i} got snapshot {snap.zxid:#x} whose image ends elsewhere")
+        if [e.zxid for e in self.history[: len(zxids)]] != zxids:
+            self.fail(f"node {i} got snapshot {snap.zxid:#x} that is not a prefix of history")
+        return self.history[: len(zxids)]
+
+    def compact(self, i: int) -> None:
+        node = self.node(i)
+        disk = self.disks[i]
+        applied = self.applied[i]
+        durable = {e.zxid for e in disk.log}
+        if not applied or applied[-1].zxid <= node.snapshot.zxid:
+            return
+        if applied[-1].zxid not in durable:
+            return
+        snap = Snapshot(applied[-1].zxid, ",".join(f"{e.zxid:x}" for e in applied).encode())
+        node.compact(snap)
+        disk.snap = snap
+        disk.log = [e for e in disk.log if e.zxid > snap.zxid]
 
     def _history_payload(self, zxid: int) -> bytes | None:
         return self._history_by_zxid.get(zxid)
@@ -304,6 +337,10 @@ class Simulation:
                         self._break((a, b))
         elif self._partitioned and rng.random() < cfg.heal_prob:
             self._partitioned.clear()
+        if rng.random() < cfg.compact_prob:
+            up = [i for i in self.ids if self.nodes[i] is not None]
+            if up:
+                self.compact(rng.choice(up))
 
     def _client(self) -> None:
         if self.rng.random() >= self.cfg.propose_prob:

@@ -1,8 +1,8 @@
 """Durable state of one consensus member: hard state, transaction log, snapshots."""
 
-from services.consensus.storage.data_dir import DataDir, LoadedState, load
+from services.consensus.storage.data_dir import DataDir, load
 from services.consensus.storage.hard_state import CorruptHardStateError, HardStateFile
-from services.consensus.storage.snapshots import Snapshot, Snapshots
+from services.consensus.storage.snapshots import Snapshots
 from services.consensus.storage.txn_log import CorruptLogError, LogFailedError, TxnLog
 
 __all__ = [
@@ -10,9 +10,7 @@ __all__ = [
     "CorruptLogError",
     "DataDir",
     "HardStateFile",
-    "LoadedState",
     "LogFailedError",
-    "Snapshot",
     "Snapshots",
     "TxnLog",
     "load",

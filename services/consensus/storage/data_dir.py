@@ -12,25 +12,14 @@ returned zxid with ``Node.persisted``. ``load`` rebuilds what a restarting membe
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from directlog.durable_files import remove_temporaries
 from services.consensus.storage.hard_state import CorruptHardStateError, HardStateFile
-from services.consensus.storage.snapshots import Snapshot, Snapshots
+from services.consensus.storage.snapshots import Snapshots
 from services.consensus.storage.txn_log import DEFAULT_SEGMENT_BYTES, TxnLog
-from services.consensus.zab.state import HardState, LogEntry, PersistedState
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedState:
-    """``persisted`` goes to ``Node(persisted_state=...)``; its log holds the entries
-    after ``snapshot`` (all of them when there is no snapshot), which the state machine
-    applies on top of the snapshot's data tree."""
-
-    persisted: PersistedState
-    snapshot: Snapshot | None
+from services.consensus.zab.state import EMPTY_SNAPSHOT, HardState, LogEntry, PersistedState
 
 
 class DataDir:
@@ -48,9 +37,12 @@ class DataDir:
         self.snapshots = Snapshots(directory)
         self.log = TxnLog(directory, segment_bytes=segment_bytes, force_sync=force_sync)
 
-    def load(self) -> LoadedState:
-        """Raises ``CorruptHardStateError`` if the hard state file is unreadable, or
-        missing while the log or snapshots are not empty (it is written before either)."""
+    def load(self) -> PersistedState:
+        """What ``Node(persisted_state=...)`` needs: the hard state, the newest valid
+        snapshot (the empty one when there is none) and the log entries after it.
+
+        Raises ``CorruptHardStateError`` if the hard state file is unreadable, or missing
+        while the log or snapshots are not empty (it is written before either)."""
         hard_state = self.hard_state_file.read()
         if hard_state is None:
             if self.log.segments() or self.snapshots.zxids():
@@ -58,10 +50,9 @@ class DataDir:
                     f"{self.hard_state_file.path} is missing but the data directory has data"
                 )
             hard_state = HardState()
-        snapshot = self.snapshots.latest_valid()
-        after = snapshot.zxid if snapshot is not None else 0
-        entries = tuple(self.log.read_from(after))
-        return LoadedState(PersistedState(hard_state, entries), snapshot)
+        snapshot = self.snapshots.latest_valid() or EMPTY_SNAPSHOT
+        entries = tuple(self.log.read_from(snapshot.zxid))
+        return PersistedState(hard_state, entries, snapshot)
 
     def save_hard_state(self, state: HardState) -> None:
         self.hard_state_file.write(state)
@@ -113,7 +104,7 @@ class DataDir:
         self.close()
 
 
-def load(directory: Path) -> LoadedState:
+def load(directory: Path) -> PersistedState:
     """What a member restarting from ``directory`` needs (an empty directory loads as a
     fresh member)."""
     with DataDir(directory) as data_dir:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
 
 from directlog.durable_files import fsync_path, write_atomically
+from services.consensus.zab.state import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,6 @@ PREFIX = "snapshot."
 MAGIC = b"DLSN"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">4sHHqQI")
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    zxid: int
-    data: bytes
 
 
 def snapshot_name(zxid: int) -> str:

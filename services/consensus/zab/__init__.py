@@ -16,11 +16,18 @@ from services.consensus.zab.ready import (
     RoleChange,
     Unknown,
 )
-from services.consensus.zab.state import HardState, LogEntry, PersistedState
+from services.consensus.zab.state import (
+    EMPTY_SNAPSHOT,
+    HardState,
+    LogEntry,
+    PersistedState,
+    Snapshot,
+)
 from services.consensus.zab.sync import SyncPlan, plan_sync
 from services.consensus.zab.zxid import make_zxid, zxid_counter, zxid_epoch
 
 __all__ = [
+    "EMPTY_SNAPSHOT",
     "Accepted",
     "Busy",
     "ClientResult",
@@ -39,6 +46,7 @@ __all__ = [
     "Rejected",
     "RoleChange",
     "ServerState",
+    "Snapshot",
     "SyncMode",
     "SyncPlan",
     "Unknown",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from services.consensus.zab.state import LogEntry
+from services.consensus.zab.state import LogEntry, Snapshot
 
 
 class ServerState(Enum):
@@ -63,13 +63,15 @@ class AckEpoch:
 
 @dataclass(frozen=True, slots=True)
 class Sync:
-    """DIFF, TRUNC or SNAP: truncate the log to ``truncate_to`` then append ``entries``."""
+    """DIFF or TRUNC: truncate the log to ``truncate_to`` then append ``entries``.
+    SNAP: replace the state with ``snapshot``, then append ``entries`` (those after it)."""
 
     sender: int
     epoch: int
     mode: SyncMode
     truncate_to: int
     entries: tuple[LogEntry, ...]
+    snapshot: Snapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +128,12 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class PingAck:
+    """``sessions``: client sessions the follower heard from since its last PingAck, so
+    the leader, which expires sessions, knows they are alive."""
+
     sender: int
     epoch: int
+    sessions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,13 @@
 """The ZAB state machine of one ensemble member, sans I/O.
 
-The driver feeds events (``step``, ``tick``, ``propose``, ``persisted``, ``link_reset``),
-then collects actions with ``ready()`` and confirms them with ``advance()``. Nothing here
-reads a clock, a socket, a disk or a random source, so a simulator can replay any run.
+The driver feeds events (``step``, ``tick``, ``propose``, ``persisted``, ``link_reset``,
+``compact``, ``report_sessions``), then collects actions with ``ready()`` and confirms them
+with ``advance()``. Nothing here reads a clock, a socket, a disk or a random source, so a
+simulator can replay any run.
+
+A node's history is a snapshot (the state machine's image at some committed zxid, opaque
+here) followed by the log entries after it. ``compact`` moves the snapshot forward so the
+log held in memory stays short; a follower too far behind gets the snapshot (SNAP).
 
 The transport must behave like TCP: per connection, messages arrive in order and none is
 lost; when a connection breaks, everything in flight on it is gone and both ends are told
@@ -12,7 +17,7 @@ with ``link_reset(peer)``.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -50,11 +55,21 @@ from services.consensus.zab.ready import (
     RoleChange,
     Unknown,
 )
-from services.consensus.zab.state import HardState, LogEntry, PersistedState
+from services.consensus.zab.state import (
+    EMPTY_SNAPSHOT,
+    HardState,
+    LogEntry,
+    PersistedState,
+    Snapshot,
+)
 from services.consensus.zab.sync import epoch_ends, plan_sync
 from services.consensus.zab.zxid import COUNTER_MASK, make_zxid, zxid_counter, zxid_epoch
 
 QuorumMode = Literal["majority", "all"]
+
+# The leader's last word on a write before it is proposed: (zxid it will get, what the
+# client asked) -> the entry's payload. ZooKeeper's PrepRequestProcessor lives here.
+Prepare = Callable[[int, bytes], bytes]
 
 
 class Phase(Enum):
@@ -94,6 +109,7 @@ class Node:
         persisted_state: PersistedState | None = None,
         diff_window: int = 1000,
         max_in_flight: int = 256,
+        prepare: Prepare | None = None,
     ) -> None:
         self.id = node_id
         self.members: tuple[int, ...] = tuple(sorted(set(members)))
@@ -106,6 +122,7 @@ class Node:
         self.heartbeat_ticks = heartbeat_ticks
         self.diff_window = diff_window
         self.max_in_flight = max_in_flight
+        self._prepare = prepare
         self._peers = tuple(m for m in self.members if m != node_id)
         self._election_quorum = len(self.members) // 2 + 1
         self._commit_quorum = len(self.members) if quorum == "all" else self._election_quorum
@@ -115,11 +132,14 @@ class Node:
         self._accepted_epoch = hs.accepted_epoch
         self._accepted_leader = hs.accepted_leader
         self._current_epoch = hs.current_epoch
+        self._snapshot = state.snapshot
         self._log: list[LogEntry] = list(state.log)
         self._zxids: list[int] = [e.zxid for e in self._log]
         assert all(a < b for a, b in zip(self._zxids, self._zxids[1:], strict=False))
+        assert not self._zxids or self._zxids[0] > self._snapshot.zxid
         self._persisted_zxid = self.last_zxid
-        self._commit_zxid = 0  # volatile: learnt again from the leader after a restart
+        # Volatile: learnt again from the leader after a restart. A snapshot is committed.
+        self._commit_zxid = self._snapshot.zxid
 
         self.role = ServerState.LOOKING
         self.phase = Phase.ELECTION
@@ -144,6 +164,7 @@ class Node:
         self._pending_newleader: int | None = None
         self._newleader_acked = False
         self._acked_sent = 0
+        self._live_sessions: set[int] = set()
         # Clients.
         self._next_request_id = 1
         self._pending_forwards: set[int] = set()
@@ -158,7 +179,17 @@ class Node:
 
     @property
     def last_zxid(self) -> int:
-        return self._zxids[-1] if self._zxids else 0
+        return self._zxids[-1] if self._zxids else self._snapshot.zxid
+
+    @property
+    def next_zxid(self) -> int:
+        """The zxid the next proposal will get (meaningful on an established leader)."""
+        last = self.last_zxid
+        return last + 1 if zxid_epoch(last) == self.epoch else make_zxid(self.epoch, 1)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
 
     @property
     def commit_zxid(self) -> int:
@@ -203,6 +234,22 @@ class Node:
         elif self.role == ServerState.FOLLOWING:
             self._follower_maybe_ack()
 
+    def compact(self, snapshot: Snapshot) -> None:
+        """The state machine's image at ``snapshot.zxid`` (committed, applied, and durable
+        in the log) replaces the entries up to there."""
+        zxid = snapshot.zxid
+        assert self._snapshot.zxid < zxid <= self._commit_zxid, (zxid, self._commit_zxid)
+        assert zxid <= self._persisted_zxid, (zxid, self._persisted_zxid)
+        cut = bisect_right(self._zxids, zxid)
+        assert cut and self._zxids[cut - 1] == zxid, zxid
+        del self._log[:cut]
+        del self._zxids[:cut]
+        self._snapshot = snapshot
+
+    def report_sessions(self, session_ids: Iterable[int]) -> None:
+        """Client sessions heard from here; a follower passes them on in its next PingAck."""
+        self._live_sessions.update(session_ids)
+
     def link_reset(self, peer: int) -> None:
         """The connection to ``peer`` broke; what was in flight on it is lost."""
         if peer not in self._peers:
@@ -229,6 +276,8 @@ class Node:
             self._leader_tick()
 
     def propose(self, payload: bytes) -> ProposeResult:
+        """A client write. On the leader ``payload`` goes through ``prepare`` at once;
+        on a follower it is forwarded and the leader prepares it."""
         if self.role == ServerState.LEADING:
             if self.phase != Phase.BROADCAST or self._in_flight() >= self.max_in_flight:
                 return Busy(self.id)
@@ -396,7 +445,9 @@ class Node:
             self._commit_to(min(m.commit_zxid, self.last_zxid))
             self._role_change(True)
         elif isinstance(m, Ping):
-            self._send(m.sender, PingAck(self.id, self.epoch))
+            sessions = tuple(sorted(self._live_sessions))
+            self._live_sessions.clear()
+            self._send(m.sender, PingAck(self.id, self.epoch, sessions))
         elif isinstance(m, ForwardReply):
             self._on_forward_reply(m)
 
@@ -413,7 +464,7 @@ class Node:
             self._hard_dirty = True
         self.epoch = m.epoch
         self.phase = Phase.SYNC
-        ends = epoch_ends(self._zxids)
+        ends = epoch_ends(self._history_zxids())
         self._send(
             m.sender,
             AckEpoch(self.id, m.epoch, self._current_epoch, self.last_zxid, ends),
@@ -424,7 +475,7 @@ class Node:
             self._become_looking()
             return
         if m.mode == SyncMode.SNAP:
-            self._install_snapshot(m.entries)
+            self._install_snapshot(m.snapshot or EMPTY_SNAPSHOT, m.entries)
             return
         self._truncate(m.truncate_to)
         for entry in m.entries:
@@ -433,23 +484,34 @@ class Node:
                 return
             self._append(entry)
 
-    def _install_snapshot(self, entries: Sequence[LogEntry]) -> None:
-        # The snapshot replaces the whole log; what this node already applied must be a
-        # prefix of it, or the protocol is broken.
-        keep = bisect_right(self._zxids, self._commit_zxid)
-        assert tuple(entries[:keep]) == tuple(self._log[:keep]), "snapshot rewrites history"
-        self._truncate(0, check_commit=False)
+    def _install_snapshot(self, snapshot: Snapshot, entries: Sequence[LogEntry]) -> None:
+        # The leader's history replaces ours. Ours up to our commit point is a prefix of
+        # it; the driver rebuilds its state machine from ``snapshot`` and applies the
+        # entries again as they commit.
+        if any(e.zxid <= snapshot.zxid for e in entries[:1]):
+            self._become_looking()
+            return
+        self._log.clear()
+        self._zxids.clear()
+        self._persisted_zxid = snapshot.zxid
+        self._commit_zxid = snapshot.zxid
+        self._snapshot = snapshot
+        out = self._out
+        out.truncate_to = 0
+        out.entries = []
+        out.committed = []
+        out.snapshot = snapshot
         for entry in entries:
+            if entry.zxid <= self.last_zxid:
+                self._become_looking()
+                return
             self._append(entry)
 
     def _on_proposal(self, m: Proposal) -> None:
         if self._pending_newleader is None and not self._newleader_acked:
             self._become_looking()
             return
-        zxid = m.entry.zxid
-        last = self.last_zxid
-        expected = last + 1 if zxid_epoch(last) == self.epoch else make_zxid(self.epoch, 1)
-        if zxid != expected:
+        if m.entry.zxid != self.next_zxid:
             self._become_looking()
             return
         self._append(m.entry)
@@ -627,8 +689,11 @@ class Node:
     def _sync_follower(self, peer: int, session: _Session) -> None:
         ack = session.ack_epoch
         assert ack is not None
-        plan = plan_sync(self._log, ack.epoch_ends, ack.last_zxid, self.diff_window)
-        self._send(peer, Sync(self.id, self.epoch, plan.mode, plan.truncate_to, plan.entries))
+        plan = plan_sync(self._log, ack.epoch_ends, ack.last_zxid, self.diff_window, self._snapshot)
+        self._send(
+            peer,
+            Sync(self.id, self.epoch, plan.mode, plan.truncate_to, plan.entries, plan.snapshot),
+        )
         self._send(peer, NewLeader(self.id, self.epoch, self.last_zxid))
         session.newleader_sent = True
 
@@ -646,11 +711,11 @@ class Node:
         self._role_change(True)
         self._maybe_commit()
 
-    def _propose(self, payload: bytes) -> int:
-        last = self.last_zxid
-        counter = zxid_counter(last) + 1 if zxid_epoch(last) == self.epoch else 1
-        assert counter <= COUNTER_MASK, "epoch exhausted"
-        entry = LogEntry(make_zxid(self.epoch, counter), payload)
+    def _propose(self, request: bytes) -> int:
+        zxid = self.next_zxid
+        assert zxid_counter(zxid) <= COUNTER_MASK and zxid_epoch(zxid) == self.epoch, "epoch full"
+        payload = request if self._prepare is None else self._prepare(zxid, request)
+        entry = LogEntry(zxid, payload)
         self._append(entry)
         proposal = Proposal(self.id, self.epoch, entry)
         for peer, s in self._sessions.items():
@@ -693,11 +758,16 @@ class Node:
         self._zxids.append(entry.zxid)
         self._out.entries.append(entry)
 
-    def _truncate(self, zxid: int, check_commit: bool = True) -> None:
+    def _history_zxids(self) -> list[int]:
+        """The log's zxids, led by the snapshot's: enough to summarise the history."""
+        base = self._snapshot.zxid
+        return [base, *self._zxids] if base else self._zxids
+
+    def _truncate(self, zxid: int) -> None:
         if zxid >= self.last_zxid:
             return
         # Committed entries are never taken back; if they were, the protocol is broken.
-        assert not check_commit or zxid >= self._commit_zxid, (zxid, self._commit_zxid)
+        assert zxid >= self._commit_zxid, (zxid, self._commit_zxid)
         cut = bisect_right(self._zxids, zxid)
         del self._log[cut:]
         del self._zxids[cut:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.consensus.zab.messages import Message, ServerState
-from services.consensus.zab.state import HardState, LogEntry
+from services.consensus.zab.state import HardState, LogEntry, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,8 @@ class Ready:
 
     1. persist ``hard_state`` (if set) and apply ``truncate_to`` (drop every entry with a
        larger zxid, including ones still being written) durably, before anything else;
+       then, if ``snapshot`` is set, replace the state machine with it and store it
+       durably (the leader sent its history: snapshot plus ``entries``);
     2. append ``entries`` to the log (may complete later; report with ``Node.persisted``);
     3. send ``messages``;
     4. apply ``committed`` entries to the state machine, in order;
@@ -92,6 +94,7 @@ class Ready:
     messages: list[tuple[int, Message]] = field(default_factory=list)
     hard_state: HardState | None = None
     truncate_to: int | None = None
+    snapshot: Snapshot | None = None
     entries: list[LogEntry] = field(default_factory=list)
     committed: list[LogEntry] = field(default_factory=list)
     results: list[ClientResult] = field(default_factory=list)
@@ -102,6 +105,7 @@ class Ready:
             self.messages
             or self.hard_state is not None
             or self.truncate_to is not None
+            or self.snapshot is not None
             or self.entries
             or self.committed
             or self.results

@@ -29,8 +29,22 @@ class HardState:
 
 
 @dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The state machine's image after applying every entry up to ``zxid``; opaque to ZAB.
+    ``Snapshot(0, b"")`` is the empty state before the first entry."""
+
+    zxid: int
+    data: bytes
+
+
+EMPTY_SNAPSHOT = Snapshot(0, b"")
+
+
+@dataclass(frozen=True, slots=True)
 class PersistedState:
-    """What survives a crash: the hard state and the durable log (zxid order)."""
+    """What survives a crash: the hard state, the latest snapshot and the durable log
+    entries after it (zxid order)."""
 
     hard_state: HardState = field(default_factory=HardState)
     log: tuple[LogEntry, ...] = ()
+    snapshot: Snapshot = EMPTY_SNAPSHOT

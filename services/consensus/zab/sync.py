@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.consensus.zab.messages import SyncMode
-from services.consensus.zab.state import LogEntry
+from services.consensus.zab.state import EMPTY_SNAPSHOT, LogEntry, Snapshot
 from services.consensus.zab.zxid import zxid_epoch
 
 
@@ -22,6 +22,7 @@ class SyncPlan:
     mode: SyncMode
     truncate_to: int
     entries: tuple[LogEntry, ...]
+    snapshot: Snapshot | None = None  # set for SNAP only
 
 
 def epoch_ends(zxids: Sequence[int]) -> tuple[int, ...]:
@@ -56,20 +57,39 @@ def plan_sync(
     follower_ends: Sequence[int],
     follower_last_zxid: int,
     diff_window: int,
+    snapshot: Snapshot = EMPTY_SNAPSHOT,
 ) -> SyncPlan:
-    """Pick the cheapest correct way to make the follower's log equal the leader's.
+    """Pick the cheapest correct way to make the follower's history equal the leader's,
+    which is ``snapshot`` followed by ``leader_log``.
 
-    SNAP when nothing is shared but the follower holds entries, or when more than
+    SNAP when the follower is behind the snapshot (the leader no longer has the entries
+    it lacks), when nothing is shared but the follower holds entries, or when more than
     ``diff_window`` entries are missing (ZooKeeper's "too far behind the committed log"
     rule); TRUNC when the follower holds entries past the common prefix; DIFF otherwise.
+
+    A follower whose last zxid is at or past the snapshot agrees with it up to there:
+    the snapshot is committed history, and every later epoch's log extends it. The same
+    holds for the follower's own snapshot, whose epoch starts ``follower_ends`` (a node
+    reports its snapshot's zxid as the first epoch end when its log has nothing of that
+    epoch). So only epochs from the later of the two snapshots on are compared.
     """
     assert diff_window >= 0
+    base = snapshot.zxid
     zxids = [e.zxid for e in leader_log]
-    common = common_prefix(epoch_ends(zxids), follower_ends)
+    snap = SyncPlan(SyncMode.SNAP, 0, tuple(leader_log), snapshot)
+    if follower_last_zxid < base:
+        return snap
+    floor = max(zxid_epoch(base), zxid_epoch(follower_ends[0]) if follower_ends else 0)
+    leader_ends = epoch_ends([base, *zxids] if base else zxids)
+    common = common_prefix(
+        [z for z in leader_ends if zxid_epoch(z) >= floor],
+        [z for z in follower_ends if zxid_epoch(z) >= floor],
+    )
+    common = max(common, base)
     start = bisect_right(zxids, common)
     missing = len(leader_log) - start
     if (common == 0 and follower_last_zxid != 0) or missing > diff_window:
-        return SyncPlan(SyncMode.SNAP, 0, tuple(leader_log))
+        return snap
     if follower_last_zxid == common:
         return SyncPlan(SyncMode.DIFF, common, tuple(leader_log[start:]))
     assert follower_last_zxid > common, (follower_last_zxid, common)

@@ -8,7 +8,8 @@ so an oversized or hostile length is refused before any of the body is buffered.
 Field encodings: ``i32``/``i64`` signed, ``u8``/``u32`` unsigned; ``opt i64`` is a presence
 byte (0 absent, 1 present) followed by the i64 only when present; ``[T]`` is a ``u32`` count
 followed by that many ``T``; ``bytes`` is ``u32`` length then the bytes; ``entry`` is
-``zxid:i64 | payload:bytes``. Enums travel as a u8 code, fixed here rather than derived from
+``zxid:i64 | payload:bytes``; ``opt snapshot`` is a presence byte, then
+``zxid:i64 | data:bytes``. Enums travel as a u8 code, fixed here rather than derived from
 the enum's string values so renaming a member cannot change the wire:
 ServerState LOOKING=0 FOLLOWING=1 LEADING=2; SyncMode DIFF=0 TRUNC=1 SNAP=2.
 
@@ -19,7 +20,7 @@ type  message       body
 2     FollowerInfo  accepted_epoch:i64 accepted_leader:i32
 3     NewEpoch      epoch:i64
 4     AckEpoch      epoch:i64 current_epoch:i64 last_zxid:i64 epoch_ends:[i64]
-5     Sync          epoch:i64 mode:u8 truncate_to:i64 entries:[entry]
+5     Sync          epoch:i64 mode:u8 truncate_to:i64 entries:[entry] snapshot:opt snapshot
 6     NewLeader     epoch:i64 zxid:i64
 7     AckNewLeader  epoch:i64 zxid:i64
 8     UpToDate      epoch:i64 commit_zxid:i64
@@ -27,7 +28,7 @@ type  message       body
 10    Ack           epoch:i64 zxid:i64
 11    Commit        epoch:i64 zxid:i64
 12    Ping          epoch:i64
-13    PingAck       epoch:i64
+13    PingAck       epoch:i64 sessions:[i64]
 14    Forward       epoch:i64 request_id:i64 payload:bytes
 15    ForwardReply  epoch:i64 request_id:i64 zxid:opt i64
 ====  ============  ==============================================================
@@ -64,7 +65,7 @@ from services.consensus.zab.messages import (
     SyncMode,
     UpToDate,
 )
-from services.consensus.zab.state import LogEntry
+from services.consensus.zab.state import LogEntry, Snapshot
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "WireError", "encode"]
 
@@ -94,7 +95,9 @@ class WireError(Exception):
     """A frame that cannot be encoded or decoded; the connection carrying it is unusable."""
 
 
-Kind = Literal["i32", "i64", "opt_i64", "i64s", "state", "mode", "entry", "entries", "bytes"]
+Kind = Literal[
+    "i32", "i64", "opt_i64", "i64s", "state", "mode", "entry", "entries", "bytes", "opt_snapshot"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,15 @@ _CODECS: Final = (
         ("last_zxid", "i64"),
         ("epoch_ends", "i64s"),
     ),
-    _codec(5, Sync, _EPOCH, ("mode", "mode"), ("truncate_to", "i64"), ("entries", "entries")),
+    _codec(
+        5,
+        Sync,
+        _EPOCH,
+        ("mode", "mode"),
+        ("truncate_to", "i64"),
+        ("entries", "entries"),
+        ("snapshot", "opt_snapshot"),
+    ),
     _codec(6, NewLeader, _EPOCH, _ZXID),
     _codec(7, AckNewLeader, _EPOCH, _ZXID),
     _codec(8, UpToDate, _EPOCH, ("commit_zxid", "i64")),
@@ -144,7 +155,7 @@ _CODECS: Final = (
     _codec(10, Ack, _EPOCH, _ZXID),
     _codec(11, Commit, _EPOCH, _ZXID),
     _codec(12, Ping, _EPOCH),
-    _codec(13, PingAck, _EPOCH),
+    _codec(13, PingAck, _EPOCH, ("sessions", "i64s")),
     _codec(14, Forward, _EPOCH, ("request_id", "i64"), ("payload", "bytes")),
     _codec(15, ForwardReply, _EPOCH, ("request_id", "i64"), ("zxid", "opt_i64")),
 )
@@ -207,6 +218,14 @@ def _put(out: bytearray, kind: Kind, value: object, what: str) -> None:
     elif kind == "entry":
         assert isinstance(value, LogEntry)
         _put_entry(out, value, what)
+    elif kind == "opt_snapshot":
+        if value is None:
+            out.append(0)
+        else:
+            assert isinstance(value, Snapshot)
+            out.append(1)
+            _put_int(out, _I64, _I64_MIN, _I64_MAX, value.zxid, f"{what}.zxid")
+            _put_bytes(out, value.data, f"{what}.data")
     elif kind == "entries":
         assert isinstance(value, tuple)
         _put_count(out, len(value), what)
@@ -280,6 +299,12 @@ class _Reader:
         pos = self._need(n, field)
         return bytes(self.buf[pos : pos + n])
 
+    def presence(self, field: str) -> bool:
+        flag = self.u8(field)
+        if flag > 1:
+            raise WireError(f"{self.what}.{field}: presence byte {flag}, expected 0 or 1")
+        return flag == 1
+
     def entry(self, field: str) -> LogEntry:
         return LogEntry(self.i64(f"{field}.zxid"), self.raw(f"{field}.payload"))
 
@@ -289,12 +314,7 @@ class _Reader:
         if kind == "i32":
             return self.i32(field)
         if kind == "opt_i64":
-            flag = self.u8(field)
-            if flag == 0:
-                return None
-            if flag != 1:
-                raise WireError(f"{self.what}.{field}: presence byte {flag}, expected 0 or 1")
-            return self.i64(field)
+            return self.i64(field) if self.presence(field) else None
         if kind == "i64s":
             return tuple(self.i64(field) for _ in range(self.count(field, 8)))
         if kind == "state":
@@ -309,6 +329,10 @@ class _Reader:
             return _MODES[code]
         if kind == "entry":
             return self.entry(field)
+        if kind == "opt_snapshot":
+            if not self.presence(field):
+                return None
+            return Snapshot(self.i64(f"{field}.zxid"), self.raw(f"{field}.data"))
         if kind == "entries":
             n = self.count(field, _ENTRY_MIN)
             return tuple(self.entry(f"{field}[{i}]") for i in range(n))
