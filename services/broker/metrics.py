@@ -9,31 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from directlog.metrics import LATENCY_BUCKETS, serve
 from directlog.protocol.errors import ErrorCode
 from services.broker.storage.log_manager import LogManager
-
-_LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 
 
 class BrokerMetrics:
@@ -50,7 +32,7 @@ class BrokerMetrics:
             "directlog_broker_request_latency_seconds",
             "Time from a whole request frame to its response sent, by API",
             ["api"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.errors = Counter(
@@ -120,9 +102,7 @@ class BrokerMetrics:
         self.errors.labels(api, code.name).inc()
 
     def serve(self, host: str, port: int) -> int:
-        """Start the /metrics HTTP server on a thread; returns the port it listens on."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_address[1])
+        return serve(self.registry, host, port)
 
 
 class _LogCollector(Collector):

@@ -1,0 +1,3 @@
+from services.consensus.main import main
+
+main()

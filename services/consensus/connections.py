@@ -1,0 +1,554 @@
+"""The ZooKeeper client protocol on a member's client port.
+
+A connection starts with a ConnectRequest (new session, or the id and password of one to
+resume) or with a four-letter word. After that, every request is answered in the order it
+arrived: writes are sent into ZAB at once (so one client can pipeline many), reads and
+other local requests wait until every earlier request of the connection has its answer,
+so a client reads its own writes. Watch notifications go out as their transactions apply,
+before any later reply.
+
+A member that is not serving (no established leader) closes new connections right after
+their ConnectRequest, and drops every connection when it stops serving, so clients move to
+another member at once, as ZooKeeper's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.consensus.codes import (
+    CreateMode,
+    ErrorCode,
+    EventType,
+    KeeperState,
+    OpCode,
+    Xid,
+)
+from services.consensus.fourletter import FOUR_LETTER_WORDS, answer
+from services.consensus.jute import (
+    AuthPacket,
+    CheckVersionRequest,
+    ConnectResponse,
+    Create2Response,
+    CreateRequest,
+    DeleteRequest,
+    ErrorResult,
+    FrameSplitter,
+    GetACLResponse,
+    GetChildren2Response,
+    GetChildrenResponse,
+    GetDataResponse,
+    JuteError,
+    MultiRequest,
+    MultiResponse,
+    PathRequest,
+    PathResponse,
+    PathWatchRequest,
+    ReplyHeader,
+    RequestBody,
+    ResponseBody,
+    SetACLRequest,
+    SetDataRequest,
+    SetWatches,
+    StatResponse,
+    UnknownOpcodeError,
+    WatcherEvent,
+    decode_connect_request,
+    decode_request,
+    encode_connect_response,
+    encode_frame,
+    encode_response,
+)
+from services.consensus.jute.records import CheckResult as CheckReply
+from services.consensus.jute.records import DeleteResult as DeleteReply
+from services.consensus.member import Member, Outcome, SessionClients
+from services.consensus.payloads import ErrorTxn, SyncRequest, SyncTxn, Write
+from services.consensus.tree import (
+    Applied,
+    Check,
+    CheckResult,
+    CloseSession,
+    Create,
+    CreateResult,
+    CreateSession,
+    Delete,
+    DeleteResult,
+    Id,
+    KeeperError,
+    Multi,
+    MultiResult,
+    Session,
+    SetACL,
+    SetACLResult,
+    SetData,
+    SetDataResult,
+    WatchEvent,
+    digest_auth_id,
+)
+from services.consensus.tree.model import MultiOp, OpResult
+
+log = logging.getLogger("directlog.consensus.clients")
+
+_WRITES = frozenset(
+    {
+        OpCode.CREATE,
+        OpCode.CREATE2,
+        OpCode.DELETE,
+        OpCode.SET_DATA,
+        OpCode.SET_ACL,
+        OpCode.CHECK,
+        OpCode.MULTI,
+        OpCode.SYNC,
+        OpCode.CLOSE_SESSION,
+    }
+)
+
+
+class ClientServer(SessionClients):
+    """The client port of one member and the connections on it."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        member.clients = self
+        self.connections: set[ClientConnection] = set()
+        self.by_session: dict[int, ClientConnection] = {}
+        self.received = 0
+        self.sent = 0
+        self.latency = _Latency()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.disconnect_all()
+
+    # -- SessionClients ----------------------------------------------------------------
+
+    def deliver(self, event: WatchEvent) -> None:
+        conn = self.by_session.get(event.session_id)
+        if conn is not None:
+            conn.notify(event)
+
+    def session_closed(self, session_id: int) -> None:
+        conn = self.by_session.get(session_id)
+        if conn is not None and not conn.closing_session:
+            conn.close()  # expired, or closed from another connection
+
+    def disconnect_all(self) -> None:
+        for conn in list(self.connections):
+            conn.close()
+
+
+class _Latency:
+    def __init__(self) -> None:
+        self.min = self.max = self.total = 0.0
+        self.count = 0
+
+    def add(self, seconds: float) -> None:
+        ms = seconds * 1000
+        self.min = ms if self.count == 0 else min(self.min, ms)
+        self.max = max(self.max, ms)
+        self.total += ms
+        self.count += 1
+
+    def reset(self) -> None:
+        self.min = self.max = self.total = 0.0
+        self.count = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One request's place in the reply order: ``reply`` once answered, or ``run`` to
+    answer it when it reaches the head."""
+
+    started: float
+    reply: bytes | None = None
+    run: Callable[[], bytes] | None = None
+    last: bool = False  # close the connection after this reply
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, server: ClientServer) -> None:
+        self.server = server
+        self.member = server.member
+        self.transport: asyncio.Transport | None = None
+        self.splitter = FrameSplitter(self.member.settings.max_buffer)
+        self.head = b""
+        self.session: Session | None = None
+        self.timeout_ms = 0
+        self.queue: deque[_Pending] = deque()
+        self.closing_session = False
+        self.closed = False
+        self.peer = ""
+
+    # -- asyncio -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if len(self.server.connections) >= self.member.settings.max_client_connections:
+            log.warning("refusing %s: %d connections open", self.peer, len(self.server.connections))
+            transport.close()
+            self.closed = True
+            return
+        self.server.connections.add(self)
+        self.member.metrics.connections.inc()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._forget()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.session is None and len(self.head) < 4:
+            self.head += data
+            if len(self.head) < 4:
+                return
+            word = self.head[:4]
+            if word in FOUR_LETTER_WORDS:
+                self._write(answer(word, self.member, self.server).encode())
+                self.close()
+                return
+            data, self.head = self.head, b"----"
+        try:
+            for frame in self.splitter.feed(data):
+                self._frame(frame)
+        except JuteError as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self.member.metrics.bad_input.inc()
+            self.close()
+
+    # -- session -----------------------------------------------------------------------
+
+    def _frame(self, frame: bytes) -> None:
+        if self.closed:
+            return  # an earlier frame of the same read closed the connection
+        if self.session is None:
+            self._connect(frame)
+        else:
+            self._request(frame)
+
+    def _connect(self, frame: bytes) -> None:
+        member = self.member
+        request = decode_connect_request(frame, member.settings.max_buffer)
+        if not member.serving:
+            self.close()  # ZooKeeper: "not running"; the client tries another member
+            return
+        if request.last_zxid_seen > member.applied_zxid:
+            log.info(
+                "closing %s: it has seen zxid %#x, we have %#x",
+                self.peer,
+                request.last_zxid_seen,
+                member.applied_zxid,
+            )
+            self.close()
+            return
+        settings = member.settings
+        timeout = min(
+            max(request.time_out, settings.min_session_timeout), settings.max_session_timeout_ms
+        )
+        if request.session_id == 0:
+            session = Session(member.new_session_id())
+            self.session = session
+            self.timeout_ms = timeout
+
+            def created(zxid: int, outcome: Outcome) -> None:
+                if isinstance(outcome, Applied):
+                    self._attach(session.session_id)
+                    self._connected(session.session_id, timeout)
+                else:
+                    self.close()
+
+            member.submit(session, CreateSession(timeout), created)
+            return
+        sid = request.session_id
+        known = member.tree.sessions.get(sid)
+        if known is None or request.passwd != member.session_password(sid):
+            # ZooKeeper answers an expired or unknown session with a zero timeout.
+            self._write(encode_frame(encode_connect_response(ConnectResponse(0, 0, 0, bytes(16)))))
+            self.close()
+            return
+        self.session = Session(sid)
+        self.timeout_ms = known
+        self._attach(sid)
+        member.heard_from(sid)
+        self._connected(sid, known)
+
+    def _attach(self, sid: int) -> None:
+        old = self.server.by_session.get(sid)
+        if old is not None and old is not self:
+            old.close()
+        self.server.by_session[sid] = self
+
+    def _connected(self, sid: int, timeout: int) -> None:
+        if self.closed:
+            return
+        password = self.member.session_password(sid)
+        self._write(
+            encode_frame(encode_connect_response(ConnectResponse(0, timeout, sid, password)))
+        )
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _request(self, frame: bytes) -> None:
+        member = self.member
+        assert self.session is not None
+        member.heard_from(self.session.session_id)
+        self.server.received += 1
+        started = time.monotonic()
+        try:
+            header, body = decode_request(frame, member.settings.max_buffer)
+        except UnknownOpcodeError as exc:
+            assert exc.xid is not None
+            self._queue_error(started, exc.xid, ErrorCode.UNIMPLEMENTED)
+            return
+        xid, op = header.xid, header.type
+        try:
+            name = OpCode(op).name.lower()
+        except ValueError:
+            name = str(op)
+        member.metrics.requests.labels(name).inc()
+        if op == OpCode.PING:
+            self._queue_local(started, lambda: self._reply(xid, ErrorCode.OK))
+        elif op == OpCode.AUTH:
+            assert isinstance(body, AuthPacket)
+            self._auth(started, body)
+        elif op in _WRITES:
+            self._write_request(started, xid, op, body)
+        else:
+            self._queue_local(started, lambda: self._read(xid, op, body))
+
+    def _auth(self, started: float, packet: AuthPacket) -> None:
+        assert self.session is not None
+        if packet.scheme != "digest" or not packet.auth or b":" not in packet.auth:
+            pending = _Pending(started, self._reply(Xid.AUTH, ErrorCode.AUTHFAILED), last=True)
+            self.queue.append(pending)
+            self._flush()
+            return
+        ident: Id = digest_auth_id(packet.auth.decode("utf-8", "replace"))
+        self.session = self.session.with_auth(ident)
+        self._queue_local(started, lambda: self._reply(Xid.AUTH, ErrorCode.OK))
+
+    def _write_request(self, started: float, xid: int, op: int, body: RequestBody | None) -> None:
+        assert self.session is not None
+        try:
+            request = _to_write(op, body)
+        except KeeperError as exc:
+            self._queue_error(started, xid, exc.code)
+            return
+        pending = _Pending(started)
+        self.queue.append(pending)
+        if isinstance(request, CloseSession):
+            self.closing_session = True
+            pending.last = True
+
+        def done(zxid: int, outcome: Outcome) -> None:
+            if outcome is None:
+                self.close()  # outcome unknown: the client sees a connection loss and retries
+                return
+            pending.reply = self._write_reply(xid, zxid, op, outcome)
+            self._flush()
+
+        self.member.submit(self.session, request, done)
+
+    def _queue_local(self, started: float, run: Callable[[], bytes]) -> None:
+        self.queue.append(_Pending(started, run=run))
+        self._flush()
+
+    def _queue_error(self, started: float, xid: int, code: ErrorCode) -> None:
+        self.queue.append(_Pending(started, self._reply(xid, code)))
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.queue and not self.closed:
+            head = self.queue[0]
+            if head.reply is None:
+                if head.run is None:
+                    return  # a write still on its way
+                head.reply = head.run()
+            self.queue.popleft()
+            self._write(head.reply)
+            self.server.sent += 1
+            self.server.latency.add(time.monotonic() - head.started)
+            if head.last:
+                self.close()
+
+    # -- replies -----------------------------------------------------------------------
+
+    def _reply(
+        self, xid: int, code: ErrorCode, body: ResponseBody | None = None, zxid: int | None = None
+    ) -> bytes:
+        if code != ErrorCode.OK:
+            self.member.metrics.errors.labels(code.name).inc()
+        z = self.member.applied_zxid if zxid is None else zxid
+        return encode_frame(encode_response(ReplyHeader(xid, z, code), body))
+
+    def _read(self, xid: int, op: int, body: RequestBody | None) -> bytes:
+        tree = self.member.tree
+        session = self.session
+        assert session is not None
+        try:
+            if op == OpCode.SET_WATCHES:
+                assert isinstance(body, SetWatches)
+                self._set_watches(body)
+                return self._reply(Xid.SET_WATCHES, ErrorCode.OK)
+            if op == OpCode.GET_ACL:
+                assert isinstance(body, PathRequest)
+                acl, stat = tree.get_acl(body.path, session)
+                return self._reply(xid, ErrorCode.OK, GetACLResponse(acl, stat))
+            assert isinstance(body, PathWatchRequest)
+            if op == OpCode.EXISTS:
+                found = tree.exists(body.path, session, body.watch)
+                if found is None:
+                    return self._reply(xid, ErrorCode.NONODE)
+                return self._reply(xid, ErrorCode.OK, StatResponse(found))
+            if op == OpCode.GET_DATA:
+                data, stat = tree.get_data(body.path, session, body.watch)
+                return self._reply(xid, ErrorCode.OK, GetDataResponse(data, stat))
+            children, stat = tree.get_children(body.path, session, body.watch)
+            if op == OpCode.GET_CHILDREN:
+                return self._reply(xid, ErrorCode.OK, GetChildrenResponse(tuple(children)))
+            return self._reply(xid, ErrorCode.OK, GetChildren2Response(tuple(children), stat))
+        except KeeperError as exc:
+            return self._reply(xid, exc.code)
+
+    def _set_watches(self, request: SetWatches) -> None:
+        """Re-arm watches after a reconnect, firing at once those that missed an event
+        since ``relative_zxid`` (ZooKeeper's DataTree.setWatches)."""
+        tree = self.member.tree
+        assert self.session is not None
+        sid = self.session.session_id
+        since = request.relative_zxid
+        fired: list[WatchEvent] = []
+        for path in request.data_watches:
+            node = tree.nodes.get(path)
+            if node is None:
+                fired.append(WatchEvent(sid, EventType.NODE_DELETED, path))
+            elif node.mzxid > since:
+                fired.append(WatchEvent(sid, EventType.NODE_DATA_CHANGED, path))
+            else:
+                tree.watches.add_data(path, sid)
+        for path in request.exist_watches:
+            if path in tree.nodes:
+                fired.append(WatchEvent(sid, EventType.NODE_CREATED, path))
+            else:
+                tree.watches.add_data(path, sid)
+        for path in request.child_watches:
+            node = tree.nodes.get(path)
+            if node is None:
+                fired.append(WatchEvent(sid, EventType.NODE_DELETED, path))
+            elif node.pzxid > since:
+                fired.append(WatchEvent(sid, EventType.NODE_CHILDREN_CHANGED, path))
+            else:
+                tree.watches.add_child(path, sid)
+        for event in fired:
+            self.notify(event)
+
+    def _write_reply(self, xid: int, zxid: int, op: int, outcome: Outcome) -> bytes:
+        if isinstance(outcome, ErrorTxn):
+            if op == OpCode.MULTI:
+                results = tuple(ErrorResult(code) for code in outcome.op_codes)
+                return self._reply(xid, ErrorCode.OK, MultiResponse(results), zxid)
+            return self._reply(xid, outcome.code, zxid=zxid)
+        if isinstance(outcome, SyncTxn):
+            return self._reply(xid, ErrorCode.OK, PathResponse(outcome.path), zxid)
+        assert isinstance(outcome, Applied)
+        result = outcome.result
+        if isinstance(result, MultiResult):
+            replies = tuple(_multi_reply(r) for r in result.results)
+            return self._reply(xid, ErrorCode.OK, MultiResponse(replies), zxid)
+        body: ResponseBody | None = None
+        if isinstance(result, CreateResult):
+            body = (
+                Create2Response(result.path, result.stat)
+                if op == OpCode.CREATE2
+                else PathResponse(result.path)
+            )
+        elif isinstance(result, SetDataResult | SetACLResult):
+            body = StatResponse(result.stat)
+        return self._reply(xid, ErrorCode.OK, body, zxid)
+
+    def notify(self, event: WatchEvent) -> None:
+        body = WatcherEvent(event.type, KeeperState.SYNC_CONNECTED, event.path)
+        self._write(
+            encode_frame(encode_response(ReplyHeader(Xid.NOTIFICATION, -1, ErrorCode.OK), body))
+        )
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self._forget()
+
+    def _forget(self) -> None:
+        self.closed = True
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.member.metrics.connections.dec()
+        if self.session is not None and self.server.by_session.get(self.session.session_id) is self:
+            del self.server.by_session[self.session.session_id]
+            self.member.tree.session_closed_locally(self.session.session_id)
+
+
+def _multi_reply(result: OpResult) -> PathResponse | StatResponse | DeleteReply | CheckReply:
+    if isinstance(result, CreateResult):
+        return PathResponse(result.path)
+    if isinstance(result, SetDataResult):
+        return StatResponse(result.stat)
+    if isinstance(result, DeleteResult):
+        return DeleteReply()
+    if isinstance(result, CheckResult):
+        return CheckReply()
+    raise AssertionError(f"no multi reply for {result}")
+
+
+def _mode(flags: int) -> CreateMode:
+    try:
+        return CreateMode(flags)
+    except ValueError:
+        raise KeeperError(ErrorCode.BADARGUMENTS) from None
+
+
+def _op(op: int, body: RequestBody | None) -> MultiOp:
+    if isinstance(body, CreateRequest):
+        return Create(body.path, body.data or b"", body.acl, _mode(body.flags))
+    if isinstance(body, DeleteRequest):
+        return Delete(body.path, body.version)
+    if isinstance(body, SetDataRequest):
+        return SetData(body.path, body.data or b"", body.version)
+    if isinstance(body, SetACLRequest):
+        return SetACL(body.path, body.acl, body.version)
+    if isinstance(body, CheckVersionRequest):
+        return Check(body.path, body.version)
+    raise KeeperError(ErrorCode.UNIMPLEMENTED)
+
+
+def _to_write(op: int, body: RequestBody | None) -> Write:
+    if op == OpCode.CLOSE_SESSION:
+        return CloseSession()
+    if op == OpCode.SYNC:
+        assert isinstance(body, PathRequest)
+        return SyncRequest(body.path)
+    if op == OpCode.MULTI:
+        assert isinstance(body, MultiRequest)
+        return Multi(tuple(_op(o.type, o.body) for o in body.ops))
+    return _op(op, body)

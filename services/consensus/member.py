@@ -1,0 +1,462 @@
+"""One ensemble member at run time: the ZAB core driven by real time, disk and sockets.
+
+The member feeds the sans-I/O ``Node`` with peer messages, ticks and client writes, and
+carries out each ``Ready`` in its documented order. Disk writes go to one worker thread
+(group commit: whatever the core appended while an fsync ran goes out in the next one);
+the rare durable steps that must precede everything else (hard state, truncation, an
+installed snapshot) run on the event loop after the worker drains.
+
+Client writes become ``payloads.encode_write`` bytes and go to ``Node.propose``; the leader
+turns each into a transaction in ``_prepare`` (ZooKeeper's PrepRequestProcessor) and every
+member applies committed transactions to its ``DataTree`` in zxid order, answering its own
+clients from the result. The leader also expires sessions: members report the sessions
+they hear from in their PingAcks, and a session silent for its timeout is closed through
+the quorum like any write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from services.consensus.metrics import ConsensusMetrics
+from services.consensus.payloads import (
+    ErrorTxn,
+    Logged,
+    LoggedBody,
+    SyncRequest,
+    SyncTxn,
+    Write,
+    decode_logged,
+    decode_write,
+    encode_logged,
+    encode_write,
+)
+from services.consensus.peers import PeerNetwork
+from services.consensus.settings import ConsensusSettings, parse_address
+from services.consensus.storage import DataDir
+from services.consensus.tree import (
+    Applied,
+    CloseSession,
+    DataTree,
+    Preparer,
+    Rejected,
+    Session,
+    WatchEvent,
+)
+from services.consensus.tree.model import CloseSessionTxn, CreateSessionTxn
+from services.consensus.zab import (
+    Accepted,
+    Committed,
+    LogEntry,
+    Message,
+    Node,
+    Phase,
+    Proposed,
+    Ready,
+    RoleChange,
+    ServerState,
+    Snapshot,
+    Unknown,
+)
+from services.consensus.zab.messages import PingAck
+
+log = logging.getLogger("directlog.consensus")
+
+# What a client write's waiter gets: the applied result, a refusal, a completed sync, or
+# None when the outcome is unknown (the member lost its leader) and the client must retry.
+Outcome = Applied | ErrorTxn | SyncTxn | None
+Waiter = Callable[[int, Outcome], None]  # (zxid or 0, outcome)
+
+_LOCAL_IN_FLIGHT = 1000  # writes one member has at the leader at once; more wait here
+
+
+@dataclass(slots=True)
+class _Write:
+    payload: bytes
+    waiter: Waiter
+    started: float
+
+
+class SessionClients:
+    """What the member needs from the client side: deliver events, drop connections."""
+
+    def deliver(self, event: WatchEvent) -> None:
+        raise NotImplementedError
+
+    def session_closed(self, session_id: int) -> None:
+        raise NotImplementedError
+
+    def disconnect_all(self) -> None:
+        raise NotImplementedError
+
+
+class Member:
+    def __init__(self, settings: ConsensusSettings, member_id: int) -> None:
+        if member_id not in settings.members:
+            raise ValueError(
+                f"member {member_id} is not in the ensemble {sorted(settings.members)}"
+            )
+        self.settings = settings
+        self.id = member_id
+        self.metrics = ConsensusMetrics()
+        self.clients: SessionClients | None = None
+        self.data_dir = DataDir(settings.member_dir(member_id), force_sync=settings.force_sync)
+        state = self.data_dir.load()
+        self.tree = _tree(state.snapshot)
+        self.preparer = Preparer(self.tree)
+        self.applied_zxid = state.snapshot.zxid
+        self._snap_zxid = state.snapshot.zxid
+        self._since_snap = 0
+        members = settings.members
+        self.node = Node(
+            member_id,
+            members,
+            quorum=settings.quorum,
+            election_ticks=settings.election_ticks,
+            heartbeat_ticks=settings.heartbeat_ticks,
+            persisted_state=state,
+            max_in_flight=len(members) * _LOCAL_IN_FLIGHT + 64,
+            prepare=self._prepare,
+        )
+        self._durable_zxid = self.node.last_zxid
+        self.peers = PeerNetwork(
+            member_id,
+            {i: parse_address(m.peer) for i, m in members.items() if i != member_id},
+            self._on_peer_message,
+            self._on_link,
+        )
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"consensus-{member_id}-disk")
+        self._disk_job: Future[int] | None = None
+        self._unwritten: list[LogEntry] = []
+        self._writes: dict[int, _Write] = {}  # request id -> write
+        self._by_zxid: dict[int, _Write] = {}
+        self._backlog: deque[_Write] = deque()
+        self._heard: set[int] = set()  # sessions heard from since the last tick
+        self._deadlines: dict[int, float] = {}  # leader: session -> expiry (monotonic)
+        self._expiring: set[int] = set()
+        self.serving = False
+        self.role = ServerState.LOOKING
+        self._tick_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session_counter = 0
+        self._session_base = (
+            (member_id << 56) | ((int(time.time() * 1000) << 16) & ((1 << 56) - 1))
+        ) - (1 << 64 if member_id >= 128 else 0)
+        self.started = time.monotonic()
+        self.metrics.bind(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        host, port = parse_address(self.settings.members[self.id].peer)
+        await self.peers.start(host, port)
+        self._tick_task = asyncio.create_task(self._ticker())
+        self._process()
+
+    async def stop(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        await self.peers.close()
+        self._disk.shutdown(wait=True)
+        self.data_dir.close()
+
+    async def _ticker(self) -> None:
+        interval = self.settings.tick_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self._tick()
+            except Exception:
+                log.exception("member %d: tick failed", self.id)
+
+    def _tick(self) -> None:
+        if self._heard:
+            if self.role == ServerState.LEADING:
+                self._touch(self._heard)
+            else:
+                self.node.report_sessions(self._heard)
+            self._heard = set()
+        self.node.tick()
+        if self.role == ServerState.LEADING and self.serving:
+            self._expire_sessions()
+        self._process()
+
+    # ------------------------------------------------------------------ peers
+
+    def _on_peer_message(self, message: Message) -> None:
+        if isinstance(message, PingAck) and message.sessions and self.role == ServerState.LEADING:
+            self._touch(message.sessions)
+        self.node.step(message)
+        self._process()
+
+    def _on_link(self, peer: int) -> None:
+        self.node.link_reset(peer)
+        self._process()
+
+    # ------------------------------------------------------------------ client writes
+
+    def submit(self, session: Session, request: Write, waiter: Waiter) -> None:
+        """Send a write on its way; ``waiter`` is called once with its outcome."""
+        self._heard.add(session.session_id)
+        write = _Write(encode_write(session, request), waiter, time.monotonic())
+        if self._backlog or len(self._writes) + len(self._by_zxid) >= _LOCAL_IN_FLIGHT:
+            self._backlog.append(write)
+            return
+        self._propose(write)
+        self._process()
+
+    def _propose(self, write: _Write) -> None:
+        result = self.node.propose(write.payload)
+        if isinstance(result, Accepted):
+            if result.zxid is not None:
+                self._by_zxid[result.zxid] = write
+            else:
+                self._writes[result.request_id] = write
+            self.metrics.proposals.inc()
+        else:
+            # Not serving writes (no leader, or not yet established): the client retries.
+            write.waiter(0, None)
+
+    def heard_from(self, session_id: int) -> None:
+        self._heard.add(session_id)
+
+    def new_session_id(self) -> int:
+        self._session_counter += 1
+        return self._session_base + self._session_counter
+
+    def session_password(self, session_id: int) -> bytes:
+        secret = self.settings.session_secret.encode()
+        return hmac.new(
+            secret, session_id.to_bytes(8, "big", signed=True), hashlib.sha256
+        ).digest()[:16]
+
+    # ------------------------------------------------------------------ leader side
+
+    def _prepare(self, zxid: int, payload: bytes) -> bytes:
+        session, request = decode_write(payload)
+        now_ms = int(time.time() * 1000)
+        body: LoggedBody
+        if isinstance(request, SyncRequest):
+            body = SyncTxn(request.path)
+        else:
+            prepared = self.preparer.prepare(request, session, zxid, now_ms)
+            if isinstance(prepared, Rejected):
+                body = ErrorTxn(prepared.code, prepared.op_codes)
+            else:
+                body = prepared.body
+        return encode_logged(Logged(now_ms, session.session_id, body))
+
+    def _touch(self, sessions: set[int] | tuple[int, ...]) -> None:
+        now = time.monotonic()
+        for sid in sessions:
+            timeout = self.tree.sessions.get(sid)
+            if timeout is not None:
+                self._deadlines[sid] = now + timeout / 1000
+
+    def _expire_sessions(self) -> None:
+        now = time.monotonic()
+        for sid, deadline in list(self._deadlines.items()):
+            if deadline <= now and sid not in self._expiring:
+                self._expiring.add(sid)
+                log.info("member %d: session %#x expired", self.id, sid)
+                self.submit(Session(sid), CloseSession(), self._expired(sid))
+
+    def _expired(self, sid: int) -> Waiter:
+        def done(zxid: int, outcome: Outcome) -> None:
+            self._expiring.discard(sid)
+
+        return done
+
+    # ------------------------------------------------------------------ the Ready loop
+
+    def _process(self) -> None:
+        while self.node.has_ready():
+            ready = self.node.ready()
+            self.node.advance()
+            self._carry_out(ready)
+
+    def _carry_out(self, ready: Ready) -> None:
+        if ready.hard_state is not None or ready.truncate_to is not None or ready.snapshot:
+            self._drain_disk()
+            if ready.hard_state is not None:
+                self.data_dir.save_hard_state(ready.hard_state)
+            if ready.truncate_to is not None:
+                self._unwritten = [e for e in self._unwritten if e.zxid <= ready.truncate_to]
+                self.data_dir.truncate_to(ready.truncate_to)
+                self._durable_zxid = min(self._durable_zxid, ready.truncate_to)
+            if ready.snapshot is not None:
+                self._install(ready.snapshot)
+            self._write_soon()
+        if ready.entries:
+            self._unwritten.extend(ready.entries)
+            self._write_soon()
+        for peer, message in ready.messages:
+            self.peers.send(peer, message)
+        for result in ready.results:
+            if isinstance(result, Proposed):
+                write = self._writes.pop(result.request_id, None)
+                if write is not None:
+                    self._by_zxid[result.zxid] = write
+            elif isinstance(result, Unknown) or not isinstance(result, Committed):
+                write = self._writes.pop(result.request_id, None)
+                if write is not None:
+                    write.waiter(0, None)
+        for entry in ready.committed:
+            self._apply(entry)
+        for change in ready.role_changes:
+            self._role_changed(change)
+        self._maybe_snapshot()
+        while self._backlog and len(self._writes) + len(self._by_zxid) < _LOCAL_IN_FLIGHT:
+            if not self.serving:
+                for write in self._backlog:
+                    write.waiter(0, None)
+                self._backlog.clear()
+                break
+            self._propose(self._backlog.popleft())
+
+    def _apply(self, entry: LogEntry) -> None:
+        logged = decode_logged(entry.payload)
+        body = logged.body
+        outcome: Outcome
+        if isinstance(body, SyncTxn | ErrorTxn):
+            outcome = body
+        else:
+            applied = self.tree.apply(logged.txn(entry.zxid))
+            outcome = applied
+            if isinstance(body, CreateSessionTxn) and self.role == ServerState.LEADING:
+                self._touch((logged.session_id,))
+            elif isinstance(body, CloseSessionTxn):
+                self._deadlines.pop(logged.session_id, None)
+                if self.clients is not None:
+                    self.clients.session_closed(logged.session_id)
+            if self.clients is not None:
+                for event in applied.events:
+                    self.clients.deliver(event)
+        self.applied_zxid = entry.zxid
+        self._since_snap += 1
+        self.metrics.commits.inc()
+        write = self._by_zxid.pop(entry.zxid, None)
+        if write is not None:
+            self.metrics.commit_latency.observe(time.monotonic() - write.started)
+            write.waiter(entry.zxid, outcome)
+
+    def _role_changed(self, change: RoleChange) -> None:
+        was_serving = self.serving
+        self.role = change.role
+        self.serving = change.established
+        self.preparer = Preparer(self.tree)
+        self._deadlines.clear()
+        self._expiring.clear()
+        if change.role == ServerState.LEADING and change.established:
+            now = time.monotonic()
+            for sid, timeout in self.tree.sessions.items():
+                self._deadlines[sid] = now + timeout / 1000
+        if was_serving and not self.serving:
+            log.info("member %d: stopped serving (%s)", self.id, change.role.value)
+            for write in [*self._writes.values(), *self._by_zxid.values(), *self._backlog]:
+                write.waiter(0, None)
+            self._writes.clear()
+            self._by_zxid.clear()
+            self._backlog.clear()
+            if self.clients is not None:
+                self.clients.disconnect_all()
+        elif self.serving and not was_serving:
+            log.info(
+                "member %d: serving as %s of epoch %d", self.id, change.role.value, change.epoch
+            )
+
+    # ------------------------------------------------------------------ disk
+
+    def _write_soon(self) -> None:
+        if self._disk_job is not None or not self._unwritten:
+            return
+        batch, self._unwritten = self._unwritten, []
+        job = self._disk.submit(self._append_and_sync, batch)
+        self._disk_job = job
+        assert self._loop is not None
+        loop = self._loop
+        job.add_done_callback(lambda f: loop.call_soon_threadsafe(self._written, f))
+
+    def _append_and_sync(self, batch: list[LogEntry]) -> int:
+        started = time.monotonic()
+        self.data_dir.append(batch)
+        zxid = self.data_dir.sync()
+        self.metrics.fsync_latency.observe(time.monotonic() - started)
+        return zxid
+
+    def _written(self, job: Future[int]) -> None:
+        if job is not self._disk_job:
+            return  # drained synchronously already
+        self._disk_job = None
+        zxid = job.result()  # a failed log write or fsync is fatal: raise
+        self._durable_zxid = max(self._durable_zxid, zxid)
+        self.node.persisted(zxid)
+        self._write_soon()
+        self._process()
+
+    def _drain_disk(self) -> None:
+        """Wait for the disk worker and report what it wrote, before a durable step."""
+        self._disk.submit(lambda: None).result()  # one worker: every earlier job is done
+        job = self._disk_job
+        if job is not None:
+            self._disk_job = None
+            zxid = job.result()
+            self._durable_zxid = max(self._durable_zxid, zxid)
+            self.node.persisted(zxid)
+
+    def _install(self, snapshot: Snapshot) -> None:
+        self.data_dir.save_snapshot(snapshot.zxid, snapshot.data)
+        self.tree = _tree(snapshot)
+        self.preparer = Preparer(self.tree)
+        self.applied_zxid = self._snap_zxid = snapshot.zxid
+        self._durable_zxid = snapshot.zxid
+        self._since_snap = 0
+        log.info("member %d: installed the leader's snapshot at %#x", self.id, snapshot.zxid)
+
+    def _maybe_snapshot(self) -> None:
+        """Every ``snap_count`` applied transactions, snapshot the tree and compact."""
+        if self._since_snap < self.settings.snap_count:
+            return
+        zxid = self.applied_zxid
+        if zxid > self._durable_zxid or zxid <= self.node.snapshot.zxid:
+            return
+        snapshot = Snapshot(zxid, self.tree.snapshot())
+        self.node.compact(snapshot)
+        self._since_snap = 0
+        keep = self.settings.snap_retain_count
+        self._disk.submit(self._save_snapshot, snapshot, keep)
+
+    def _save_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        self.data_dir.save_snapshot(snapshot.zxid, snapshot.data)
+        self.data_dir.purge(keep)
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def mode(self) -> str:
+        if not self.serving:
+            return "looking"
+        if len(self.settings.members) == 1:
+            return "standalone"
+        return "leader" if self.role == ServerState.LEADING else "follower"
+
+    @property
+    def phase(self) -> Phase:
+        return self.node.phase
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._writes) + len(self._by_zxid) + len(self._backlog)
+
+
+def _tree(snapshot: Snapshot) -> DataTree:
+    return DataTree.from_snapshot(snapshot.data) if snapshot.data else DataTree()

@@ -1,0 +1,119 @@
+"""Settings of one consensus member: the ensemble file every member shares, plus its id.
+
+The YAML file names every member's addresses, so the same file starts the whole ensemble::
+
+    members:
+      1: {client: "127.0.0.1:2181", peer: "127.0.0.1:2881", metrics: "127.0.0.1:7181"}
+      2: {client: "127.0.0.1:2182", peer: "127.0.0.1:2882", metrics: "127.0.0.1:7182"}
+      3: {client: "127.0.0.1:2183", peer: "127.0.0.1:2883", metrics: "127.0.0.1:7183"}
+    data_dir: data/consensus      # member N keeps its files in <data_dir>/<N>
+    quorum: majority              # or "all": every member acks each proposal
+    force_sync: true              # fsync the transaction log before acking (ZooKeeper's forceSync)
+
+Every other key has a default that runs on a laptop; ``DIRECTLOG_CONSENSUS_*`` environment
+variables override the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+_CONFIG_ENV = "DIRECTLOG_CONSENSUS_CONFIG"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {text!r}")
+    return host, int(port)
+
+
+class MemberAddresses(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    client: str  # ZooKeeper client protocol and four-letter words
+    peer: str  # ZAB traffic between members
+    metrics: str | None = None  # Prometheus /metrics; none when unset
+
+    @field_validator("client", "peer", "metrics")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)
+        return value
+
+
+class ConsensusSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DIRECTLOG_CONSENSUS_", extra="forbid")
+
+    members: dict[int, MemberAddresses]
+    data_dir: Path = Path("data/consensus")
+    quorum: Literal["majority", "all"] = "majority"
+    force_sync: bool = True
+    tick_ms: int = Field(100, ge=5)  # ZooKeeper's tickTime, smaller: failover is ticks
+    election_ticks: int = Field(10, ge=3)  # leader silence before a new election
+    heartbeat_ticks: int = Field(2, ge=1)
+    min_session_timeout_ms: int | None = None  # 10 ticks when unset: sessions are seen
+    # by the leader once per heartbeat, so a shorter timeout would expire live sessions
+    max_session_timeout_ms: int = Field(60_000, ge=1)
+    snap_count: int = Field(10_000, ge=10)  # transactions between snapshots
+    snap_retain_count: int = Field(3, ge=1)  # snapshots kept (ZooKeeper's autopurge)
+    max_buffer: int = Field(1024 * 1024, ge=1024)  # jute.maxbuffer
+    max_client_connections: int = Field(1000, ge=1)
+    session_secret: str = "directlog"  # session passwords are an HMAC of the id with it
+
+    @field_validator("members")
+    @classmethod
+    def _ids(cls, members: dict[int, MemberAddresses]) -> dict[int, MemberAddresses]:
+        if not members:
+            raise ValueError("at least one member is needed")
+        if any(not 1 <= i <= 255 for i in members):
+            raise ValueError("member ids must be 1..255 (they prefix session ids)")
+        return members
+
+    @model_validator(mode="after")
+    def _ticks(self) -> ConsensusSettings:
+        if self.heartbeat_ticks >= self.election_ticks:
+            raise ValueError("heartbeat_ticks must be below election_ticks")
+        if self.min_session_timeout >= self.max_session_timeout_ms:
+            raise ValueError("min session timeout must be below the max")
+        return self
+
+    @property
+    def min_session_timeout(self) -> int:
+        return self.min_session_timeout_ms or 10 * self.tick_ms
+
+    def member_dir(self, member_id: int) -> Path:
+        return self.data_dir / str(member_id)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(_CONFIG_ENV)
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, config_file: Path, **overrides: Any) -> ConsensusSettings:
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no consensus config at {config_file}")
+        os.environ[_CONFIG_ENV] = str(config_file)
+        return cls(**{k: v for k, v in overrides.items() if v is not None})

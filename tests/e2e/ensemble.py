@@ -1,0 +1,198 @@
+"""Run a Directlog consensus ensemble as subprocesses for end-to-end tests.
+
+    with Ensemble(tmp_path, size=3) as ens:
+        ens.wait_serving()
+        KazooClient(hosts=ens.hosts)
+
+Each member runs `python -m services.consensus --id N --config <work dir>/ensemble.yaml`
+from the repository root, on ports picked free, with its stdout and stderr in files of the
+work directory. Members are stopped by PID (SIGTERM, then SIGKILL after a timeout) and die
+with the test process if it dies first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from tests.e2e.broker import REPO_ROOT, _terminate_with_parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
+    """Send a four-letter word to a client port and read the whole answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(word.encode())
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+class Ensemble:
+    def __init__(
+        self,
+        work_dir: Path,
+        size: int = 3,
+        *,
+        settings: dict[str, Any] | None = None,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.ids = list(range(1, size + 1))
+        self.client_ports = {i: free_port() for i in self.ids}
+        self.peer_ports = {i: free_port() for i in self.ids}
+        self.metrics_ports = {i: free_port() for i in self.ids}
+        self.data_dir = self.work_dir / "consensus"
+        self.config_path = self.work_dir / "ensemble.yaml"
+        self.settings = {"data_dir": str(self.data_dir), "tick_ms": 50, **(settings or {})}
+        self.stop_timeout = stop_timeout
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.exit_codes: dict[int, list[int]] = {i: [] for i in self.ids}
+
+    # -- addresses ---------------------------------------------------------------------
+
+    @property
+    def hosts(self) -> str:
+        """The kazoo/ZooKeeper connect string of every member."""
+        return ",".join(f"127.0.0.1:{self.client_ports[i]}" for i in self.ids)
+
+    def host(self, member: int) -> str:
+        return f"127.0.0.1:{self.client_ports[member]}"
+
+    def metrics_url(self, member: int) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[member]}/metrics"
+
+    def member_dir(self, member: int) -> Path:
+        return self.data_dir / str(member)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        members = {
+            i: {
+                "client": f"127.0.0.1:{self.client_ports[i]}",
+                "peer": f"127.0.0.1:{self.peer_ports[i]}",
+                "metrics": f"127.0.0.1:{self.metrics_ports[i]}",
+            }
+            for i in self.ids
+        }
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump({"members": members, **self.settings}))
+
+    def start(self, member: int | None = None) -> Ensemble:
+        self.write_config()
+        for i in [member] if member is not None else self.ids:
+            if i in self.processes:
+                raise RuntimeError(f"member {i} already running")
+            n = len(self.exit_codes[i]) + 1
+            out = open(self.work_dir / f"member-{i}-{n}.log", "wb")  # noqa: SIM115
+            command = [sys.executable, "-m", "services.consensus", "--id", str(i)]
+            command += ["--config", str(self.config_path)]
+            with out:
+                self.processes[i] = subprocess.Popen(
+                    command,
+                    cwd=REPO_ROOT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_terminate_with_parent,
+                )
+        return self
+
+    def stop(self, member: int | None = None, sig: signal.Signals = signal.SIGTERM) -> None:
+        for i in [member] if member is not None else list(self.processes):
+            process = self.processes.pop(i, None)
+            if process is None:
+                continue
+            process.send_signal(sig)
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(self.stop_timeout)
+            self.exit_codes[i].append(process.returncode)
+
+    def kill(self, member: int) -> None:
+        self.stop(member, signal.SIGKILL)
+
+    def wipe(self, member: int) -> None:
+        """Delete a stopped member's data directory."""
+        assert member not in self.processes, "stop the member first"
+        shutil.rmtree(self.member_dir(member), ignore_errors=True)
+
+    def running(self) -> list[int]:
+        return [i for i, p in self.processes.items() if p.poll() is None]
+
+    # -- state -------------------------------------------------------------------------
+
+    def mode(self, member: int) -> str | None:
+        """`leader`, `follower`, `looking`, or None when the member does not answer."""
+        try:
+            answer = four_letter(self.client_ports[member], "mntr")
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            key, _, value = line.partition("\t")
+            if key == "zk_server_state":
+                return value
+        return None
+
+    def stat(self, member: int) -> dict[str, str]:
+        """`mntr` as a dict."""
+        answer = four_letter(self.client_ports[member], "mntr")
+        return dict(line.split("\t", 1) for line in answer.splitlines() if "\t" in line)
+
+    def wait_serving(self, members: list[int] | None = None, timeout: float = 30.0) -> int:
+        """Wait until every given member (default: all running) serves, with exactly one
+        leader among them; returns the leader's id."""
+        deadline = time.monotonic() + timeout
+        modes: dict[int, str | None] = {}
+        while time.monotonic() < deadline:
+            wanted = members if members is not None else self.running()
+            modes = {i: self.mode(i) for i in wanted}
+            leaders = [i for i, m in modes.items() if m == "leader"]
+            if len(leaders) == 1 and all(m in ("leader", "follower") for m in modes.values()):
+                return leaders[0]
+            if len(wanted) == 1 and modes.get(wanted[0]) == "standalone":
+                return wanted[0]
+            time.sleep(0.05)
+        raise TimeoutError(f"ensemble not serving after {timeout}s: {modes}\n{self.logs()}")
+
+    def leader(self) -> int | None:
+        for i in self.running():
+            if self.mode(i) == "leader":
+                return i
+        return None
+
+    def logs(self, lines: int = 30) -> str:
+        out = []
+        for path in sorted(self.work_dir.glob("member-*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def __enter__(self) -> Ensemble:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
