@@ -29,11 +29,10 @@ test: $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest
 
-# The local cluster in the foreground: one broker on 127.0.0.1:9092 for now.
+# The local cluster in the foreground: three consensus members (127.0.0.1:2181-2183) and
+# one broker on 127.0.0.1:9092, data under $(DATA).
 run: $(STAMP)
-	@[ "$(BROKERS)" = 1 ] || { echo "BROKERS=$(BROKERS): this release runs a single broker;" \
-	  "multi-broker clusters arrive with replication"; exit 2; }
-	$(PY) -m services.broker --host 127.0.0.1 --port 9092 --data-dir $(DATA)
+	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check directlog services tests bench

@@ -1,0 +1,95 @@
+"""`python -m services.local_cluster`: the local cluster of `make run` in the foreground.
+
+Three consensus members (clients on 127.0.0.1:2181-2183) and one broker on 127.0.0.1:9092,
+each its own process with its data under ``--data-dir``. Ctrl-C, SIGINT or SIGTERM stops
+them all; if any of them exits, the others are stopped too and the exit code says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+CONSENSUS_MEMBERS = 3
+BROKER_PORT = 9092
+
+
+def consensus_config(data_dir: Path) -> Path:
+    members = {
+        i: {
+            "client": f"127.0.0.1:{2180 + i}",
+            "peer": f"127.0.0.1:{2880 + i}",
+            "metrics": f"127.0.0.1:{7180 + i}",
+        }
+        for i in range(1, CONSENSUS_MEMBERS + 1)
+    }
+    path = data_dir / "consensus.yaml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = {"members": members, "data_dir": str((data_dir / "consensus").resolve())}
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="local_cluster", description=__doc__)
+    parser.add_argument("--data-dir", type=Path, default=Path("data"))
+    parser.add_argument("--brokers", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.brokers != 1:
+        sys.exit(
+            f"--brokers {args.brokers}: this release runs a single broker; "
+            "multi-broker clusters arrive with replication"
+        )
+    config = consensus_config(args.data_dir)
+    python = sys.executable
+    commands = [
+        [python, "-m", "services.consensus", "--id", str(i), "--config", str(config)]
+        for i in range(1, CONSENSUS_MEMBERS + 1)
+    ]
+    broker = ["--host", "127.0.0.1", "--port", str(BROKER_PORT)]
+    commands.append(
+        [python, "-m", "services.broker", *broker, "--data-dir", str(args.data_dir / "broker")]
+    )
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL) for c in commands]
+    ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
+    print(
+        "Directlog local cluster\n"
+        f"  consensus (ZooKeeper protocol)  {ensemble}\n"
+        f"  Kafka bootstrap servers         127.0.0.1:{BROKER_PORT}\n"
+        f"  data                            {args.data_dir.resolve()}\n"
+        "  stop with Ctrl-C",
+        flush=True,
+    )
+    failed = None
+    while not stopping and failed is None:
+        time.sleep(0.2)
+        failed = next((p for p in processes if p.poll() is not None), None)
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in processes:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if failed is not None and not stopping:  # on Ctrl-C the children stop on their own
+        sys.exit(f"local cluster: {' '.join(failed.args[2:4])} exited with {failed.returncode}")
+
+
+if __name__ == "__main__":
+    main()
