@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             p.kill()
             p.wait()
     if failed is not None and not stopping:  # on Ctrl-C the children stop on their own
-        sys.exit(f"local cluster: {' '.join(failed.args[2:4])} exited with {failed.returncode}")
+        name = " ".join(str(a) for a in commands[processes.index(failed)][2:5])
+        sys.exit(f"local cluster: {name} exited with {failed.returncode}")
 
 
 if __name__ == "__main__":
