@@ -189,6 +189,7 @@ class ClientConnection(asyncio.Protocol):
         self.queue: deque[_Pending] = deque()
         self.closing_session = False
         self.closed = False
+        self._out: list[bytes] = []
         self.peer = ""
 
     # -- asyncio -----------------------------------------------------------------------
@@ -488,12 +489,23 @@ class ClientConnection(asyncio.Protocol):
     # -- plumbing ----------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+        """Queue ``data``; everything queued in one event-loop turn goes out in one
+        ``writelines`` (a pipelining client gets its replies in few syscalls)."""
+        if self.transport is None or self.closed:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._send_out)
+        self._out.append(data)
+
+    def _send_out(self) -> None:
+        out, self._out = self._out, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
 
     def close(self) -> None:
         if self.closed:
             return
+        self._send_out()
         self.closed = True
         if self.transport is not None:
             self.transport.close()

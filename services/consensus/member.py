@@ -67,6 +67,7 @@ from services.consensus.zab import (
     Unknown,
 )
 from services.consensus.zab.messages import PingAck
+from services.consensus.zab.wire import encode
 
 log = logging.getLogger("directlog.consensus")
 
@@ -145,6 +146,8 @@ class Member:
         self.serving = False
         self.role = ServerState.LOOKING
         self._tick_task: asyncio.Task[None] | None = None
+        self._process_scheduled = False
+        self._prepared: dict[int, Logged] = {}  # leader: zxid -> what _prepare made of it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_counter = 0
         self._session_base = (
@@ -196,11 +199,11 @@ class Member:
         if isinstance(message, PingAck) and message.sessions and self.role == ServerState.LEADING:
             self._touch(message.sessions)
         self.node.step(message)
-        self._process()
+        self._process_soon()
 
     def _on_link(self, peer: int) -> None:
         self.node.link_reset(peer)
-        self._process()
+        self._process_soon()
 
     # ------------------------------------------------------------------ client writes
 
@@ -212,7 +215,7 @@ class Member:
             self._backlog.append(write)
             return
         self._propose(write)
-        self._process()
+        self._process_soon()
 
     def _propose(self, write: _Write) -> None:
         result = self.node.propose(write.payload)
@@ -253,7 +256,9 @@ class Member:
                 body = ErrorTxn(prepared.code, prepared.op_codes)
             else:
                 body = prepared.body
-        return encode_logged(Logged(now_ms, session.session_id, body))
+        logged = Logged(now_ms, session.session_id, body)
+        self._prepared[zxid] = logged
+        return encode_logged(logged)
 
     def _touch(self, sessions: set[int] | tuple[int, ...]) -> None:
         now = time.monotonic()
@@ -278,7 +283,17 @@ class Member:
 
     # ------------------------------------------------------------------ the Ready loop
 
+    def _process_soon(self) -> None:
+        """Carry out the core's actions once this event-loop turn is over, so that every
+        message of one read and every request of one client packet share one Ready: one
+        disk write, one frame per peer per message, one Commit per peer."""
+        if not self._process_scheduled:
+            self._process_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._process)
+
     def _process(self) -> None:
+        self._process_scheduled = False
         while self.node.has_ready():
             ready = self.node.ready()
             self.node.advance()
@@ -299,8 +314,12 @@ class Member:
         if ready.entries:
             self._unwritten.extend(ready.entries)
             self._write_soon()
+        frames: dict[int, bytes] = {}  # id(message) -> frame: a broadcast is encoded once
         for peer, message in ready.messages:
-            self.peers.send(peer, message)
+            frame = frames.get(id(message))
+            if frame is None:
+                frame = frames[id(message)] = encode(message)
+            self.peers.send_frame(peer, frame)
         for result in ready.results:
             if isinstance(result, Proposed):
                 write = self._writes.pop(result.request_id, None)
@@ -324,7 +343,7 @@ class Member:
             self._propose(self._backlog.popleft())
 
     def _apply(self, entry: LogEntry) -> None:
-        logged = decode_logged(entry.payload)
+        logged = self._prepared.pop(entry.zxid, None) or decode_logged(entry.payload)
         body = logged.body
         outcome: Outcome
         if isinstance(body, SyncTxn | ErrorTxn):
@@ -354,6 +373,7 @@ class Member:
         self.role = change.role
         self.serving = change.established
         self.preparer = Preparer(self.tree)
+        self._prepared.clear()
         self._deadlines.clear()
         self._expiring.clear()
         if change.role == ServerState.LEADING and change.established:

@@ -271,9 +271,13 @@ class PeerNetwork:
     def send(self, peer: int, message: Message) -> None:
         """Queue ``message`` for ``peer``; dropped when no link to it is up (the core learns
         of that through ``on_link``). Never blocks."""
+        self.send_frame(peer, encode(message))
+
+    def send_frame(self, peer: int, frame: bytes) -> None:
+        """``send`` for a message already encoded, so a broadcast is encoded once."""
         link = self._links.get(peer)
         if link is not None:
-            link.queue(encode(message))
+            link.queue(frame)
 
     def connected(self) -> set[int]:
         """Peers with a live link."""

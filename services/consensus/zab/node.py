@@ -172,6 +172,7 @@ class Node:
         # Output, drained by ready()/advance().
         self._out = Ready()
         self._hard_dirty = False
+        self._commit_unsent = False
 
         self._become_looking()
 
@@ -208,10 +209,18 @@ class Node:
     def ready(self) -> Ready:
         if self._hard_dirty:
             self._out.hard_state = self.hard_state
+        if self._commit_unsent:
+            # One cumulative Commit per follower for everything committed since the last
+            # Ready, after the proposals it covers.
+            self._commit_unsent = False
+            commit = Commit(self.id, self.epoch, self._commit_zxid)
+            for peer, s in self._sessions.items():
+                if s.newleader_sent:
+                    self._send(peer, commit)
         return self._out
 
     def has_ready(self) -> bool:
-        return self._hard_dirty or not self._out.is_empty()
+        return self._hard_dirty or self._commit_unsent or not self._out.is_empty()
 
     def advance(self) -> None:
         self._out = Ready()
@@ -742,10 +751,7 @@ class Node:
         if zxid <= self._commit_zxid:
             return
         self._commit_to(zxid)
-        commit = Commit(self.id, self.epoch, zxid)
-        for peer, s in self._sessions.items():
-            if s.newleader_sent:
-                self._send(peer, commit)
+        self._commit_unsent = True
 
     def _in_flight(self) -> int:
         return len(self._zxids) - bisect_right(self._zxids, self._commit_zxid)
@@ -792,6 +798,7 @@ class Node:
         self._out.messages.append((to, message))
 
     def _role_change(self, established: bool) -> None:
+        self._commit_unsent = False
         self._out.role_changes.append(RoleChange(self.role, self.leader, self.epoch, established))
 
     def _new_request_id(self) -> int:
