@@ -51,7 +51,7 @@ from services.consensus.tree import (
     Session,
     WatchEvent,
 )
-from services.consensus.tree.model import CloseSessionTxn, CreateSessionTxn
+from services.consensus.tree.model import CloseSessionTxn, CreateSessionTxn, DeleteContainer
 from services.consensus.zab import (
     Accepted,
     Committed,
@@ -76,6 +76,7 @@ log = logging.getLogger("directlog.consensus")
 Outcome = Applied | ErrorTxn | SyncTxn | None
 Waiter = Callable[[int, Outcome], None]  # (zxid or 0, outcome)
 
+_CONTAINER_CHECK_TICKS = 10  # how often the leader looks for empty containers
 _LOCAL_IN_FLIGHT = 1000  # writes one member has at the leader at once; more wait here
 
 
@@ -143,6 +144,8 @@ class Member:
         self._heard: set[int] = set()  # sessions heard from since the last tick
         self._deadlines: dict[int, float] = {}  # leader: session -> expiry (monotonic)
         self._expiring: set[int] = set()
+        self._deleting: set[str] = set()  # containers being deleted
+        self._ticks = 0
         self.serving = False
         self.role = ServerState.LOOKING
         self._tick_task: asyncio.Task[None] | None = None
@@ -191,6 +194,9 @@ class Member:
         self.node.tick()
         if self.role == ServerState.LEADING and self.serving:
             self._expire_sessions()
+            self._ticks += 1
+            if self._ticks % _CONTAINER_CHECK_TICKS == 0:
+                self._delete_empty_containers()
         self._process()
 
     # ------------------------------------------------------------------ peers
@@ -274,6 +280,20 @@ class Member:
                 self._expiring.add(sid)
                 log.info("member %d: session %#x expired", self.id, sid)
                 self.submit(Session(sid), CloseSession(), self._expired(sid))
+
+    def _delete_empty_containers(self) -> None:
+        """ZooKeeper's ContainerManager: the leader deletes containers whose last child
+        went away, through the quorum (the delete re-checks that they are still empty)."""
+        for path in self.tree.containers_to_delete():
+            if path not in self._deleting:
+                self._deleting.add(path)
+                self.submit(Session(0), DeleteContainer(path), self._container_done(path))
+
+    def _container_done(self, path: str) -> Waiter:
+        def done(zxid: int, outcome: Outcome) -> None:
+            self._deleting.discard(path)
+
+        return done
 
     def _expired(self, sid: int) -> Waiter:
         def done(zxid: int, outcome: Outcome) -> None:
