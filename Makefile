@@ -45,9 +45,17 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	touch $@
 
+# Apache ZooKeeper 3.8 (Debian's package, with a JRE), which bench/consensus.py compares with.
+BENCH_DEBIAN_PACKAGES := zookeeper
+
 bench: $(BENCH_STAMP)
+	@[ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null || { \
+	  echo "installing $(BENCH_DEBIAN_PACKAGES) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEBIAN_PACKAGES); }
 	$(PY) -m bench.storage
 	$(PY) -m bench.broker
+	$(PY) -m bench.consensus
+	$(PY) -m bench.peer_transport
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
