@@ -372,6 +372,10 @@ class Node:
             elif vote > self._vote:
                 self._vote = vote
                 self._broadcast_notification()
+            elif vote < self._vote:
+                # The sender may have missed our vote (it arrived while it still followed
+                # a leader that just died): tell it, rather than wait for a timeout.
+                self._send(n.sender, self._notification())
             self._recv[n.sender] = vote
             self._recv[self.id] = self._vote
             self._check_election()
