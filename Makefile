@@ -8,8 +8,9 @@ DATA   ?= ./data
 BROKERS ?= 1
 # venv support, Python headers and a C compiler: the record scanner is a C extension.
 DEBIAN_PACKAGES := python3-venv python3-dev gcc
-# Real clients the test suite drives from the shell.
-TEST_DEBIAN_PACKAGES := kcat
+# Real clients the test suite drives from the shell, and `ip` for the network namespaces
+# the consensus partition tests put members in.
+TEST_DEBIAN_PACKAGES := kcat iproute2
 
 .PHONY: test run lint bench clean
 
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml directlog/records/_scan.c
 	touch $@
 
 test: $(STAMP)
-	@command -v kcat >/dev/null || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
+	@command -v kcat >/dev/null && command -v ip >/dev/null || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest
 

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,9 +34,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
+def four_letter(port: int, word: str, timeout: float = 2.0, host: str = "127.0.0.1") -> str:
     """Send a four-letter word to a client port and read the whole answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(word.encode())
         chunks = []
         while chunk := s.recv(65536):
@@ -51,7 +52,15 @@ class Ensemble:
         *,
         settings: dict[str, Any] | None = None,
         stop_timeout: float = 10.0,
+        member_hosts: Mapping[int, str] | None = None,
+        command_prefix: Mapping[int, Sequence[str]] | None = None,
+        peer_route: Callable[[int, int], str] | None = None,
     ) -> None:
+        """``member_hosts``: the address each member binds (client, peer and metrics ports),
+        127.0.0.1 when not given. ``command_prefix``: argv put before a member's command
+        (e.g. ``ip netns exec NS``). ``peer_route(i, j)``: the ``host:port`` member ``i``
+        dials to reach member ``j`` (e.g. a proxy); when given, each member gets a config
+        file of its own (``ensemble-<i>.yaml``)."""
         self.work_dir = Path(work_dir)
         self.ids = list(range(1, size + 1))
         self.client_ports = {i: free_port() for i in self.ids}
@@ -61,6 +70,9 @@ class Ensemble:
         self.config_path = self.work_dir / "ensemble.yaml"
         self.settings = {"data_dir": str(self.data_dir), "tick_ms": 50, **(settings or {})}
         self.stop_timeout = stop_timeout
+        self.member_hosts = dict(member_hosts or {})
+        self.command_prefix = {i: list(p) for i, p in (command_prefix or {}).items()}
+        self.peer_route = peer_route
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.exit_codes: dict[int, list[int]] = {i: [] for i in self.ids}
 
@@ -69,13 +81,27 @@ class Ensemble:
     @property
     def hosts(self) -> str:
         """The kazoo/ZooKeeper connect string of every member."""
-        return ",".join(f"127.0.0.1:{self.client_ports[i]}" for i in self.ids)
+        return ",".join(self.host(i) for i in self.ids)
 
     def host(self, member: int) -> str:
-        return f"127.0.0.1:{self.client_ports[member]}"
+        return f"{self.address(member)}:{self.client_ports[member]}"
+
+    def address(self, member: int) -> str:
+        """The IP address member ``member`` binds."""
+        return self.member_hosts.get(member, "127.0.0.1")
+
+    def peer_address(self, member: int) -> str:
+        """``host:port`` where member ``member`` accepts its peers."""
+        return f"{self.address(member)}:{self.peer_ports[member]}"
 
     def metrics_url(self, member: int) -> str:
-        return f"http://127.0.0.1:{self.metrics_ports[member]}/metrics"
+        return f"http://{self.address(member)}:{self.metrics_ports[member]}/metrics"
+
+    def member_config_path(self, member: int) -> Path:
+        """The config file member ``member`` is started with."""
+        if self.peer_route is None:
+            return self.config_path
+        return self.work_dir / f"ensemble-{member}.yaml"
 
     def member_dir(self, member: int) -> Path:
         return self.data_dir / str(member)
@@ -85,14 +111,23 @@ class Ensemble:
     def write_config(self) -> None:
         members = {
             i: {
-                "client": f"127.0.0.1:{self.client_ports[i]}",
-                "peer": f"127.0.0.1:{self.peer_ports[i]}",
-                "metrics": f"127.0.0.1:{self.metrics_ports[i]}",
+                "client": self.host(i),
+                "peer": self.peer_address(i),
+                "metrics": f"{self.address(i)}:{self.metrics_ports[i]}",
             }
             for i in self.ids
         }
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({"members": members, **self.settings}))
+        if self.peer_route is not None:
+            for i in self.ids:
+                routed = {
+                    j: {**m, "peer": m["peer"] if j == i else self.peer_route(i, j)}
+                    for j, m in members.items()
+                }
+                self.member_config_path(i).write_text(
+                    yaml.safe_dump({"members": routed, **self.settings})
+                )
 
     def start(self, member: int | None = None) -> Ensemble:
         self.write_config()
@@ -101,8 +136,9 @@ class Ensemble:
                 raise RuntimeError(f"member {i} already running")
             n = len(self.exit_codes[i]) + 1
             out = open(self.work_dir / f"member-{i}-{n}.log", "wb")  # noqa: SIM115
-            command = [sys.executable, "-m", "services.consensus", "--id", str(i)]
-            command += ["--config", str(self.config_path)]
+            command = [*self.command_prefix.get(i, [])]
+            command += [sys.executable, "-m", "services.consensus", "--id", str(i)]
+            command += ["--config", str(self.member_config_path(i))]
             with out:
                 self.processes[i] = subprocess.Popen(
                     command,
@@ -143,7 +179,7 @@ class Ensemble:
     def mode(self, member: int) -> str | None:
         """`leader`, `follower`, `looking`, or None when the member does not answer."""
         try:
-            answer = four_letter(self.client_ports[member], "mntr")
+            answer = four_letter(self.client_ports[member], "mntr", host=self.address(member))
         except OSError:
             return None
         for line in answer.splitlines():
@@ -154,7 +190,7 @@ class Ensemble:
 
     def stat(self, member: int) -> dict[str, str]:
         """`mntr` as a dict."""
-        answer = four_letter(self.client_ports[member], "mntr")
+        answer = four_letter(self.client_ports[member], "mntr", host=self.address(member))
         return dict(line.split("\t", 1) for line in answer.splitlines() if "\t" in line)
 
     def wait_serving(self, members: list[int] | None = None, timeout: float = 30.0) -> int:
