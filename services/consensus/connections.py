@@ -94,6 +94,8 @@ from services.consensus.tree.model import MultiOp, OpResult
 
 log = logging.getLogger("directlog.consensus.clients")
 
+_FLUSH_REPLIES = 32  # replies queued in one event-loop turn before they are written anyway
+
 _WRITES = frozenset(
     {
         OpCode.CREATE,
@@ -496,6 +498,8 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             asyncio.get_running_loop().call_soon(self._send_out)
         self._out.append(data)
+        if len(self._out) >= _FLUSH_REPLIES:
+            self._send_out()
 
     def _send_out(self) -> None:
         out, self._out = self._out, []

@@ -78,6 +78,7 @@ Waiter = Callable[[int, Outcome], None]  # (zxid or 0, outcome)
 
 _CONTAINER_CHECK_TICKS = 10  # how often the leader looks for empty containers
 _LOCAL_IN_FLIGHT = 1000  # writes one member has at the leader at once; more wait here
+_MAX_BATCH = 32  # events (client writes, peer messages) carried out as one Ready at most
 
 
 @dataclass(slots=True)
@@ -150,6 +151,7 @@ class Member:
         self.role = ServerState.LOOKING
         self._tick_task: asyncio.Task[None] | None = None
         self._process_scheduled = False
+        self._unprocessed = 0  # events since the last _process
         self._prepared: dict[int, Logged] = {}  # leader: zxid -> what _prepare made of it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_counter = 0
@@ -307,13 +309,17 @@ class Member:
         """Carry out the core's actions once this event-loop turn is over, so that every
         message of one read and every request of one client packet share one Ready: one
         disk write, one frame per peer per message, one Commit per peer."""
-        if not self._process_scheduled:
+        self._unprocessed += 1
+        if self._unprocessed >= _MAX_BATCH:
+            self._process()  # keep a long burst flowing to the peers and the disk
+        elif not self._process_scheduled:
             self._process_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._process)
 
     def _process(self) -> None:
         self._process_scheduled = False
+        self._unprocessed = 0
         while self.node.has_ready():
             ready = self.node.ready()
             self.node.advance()

@@ -13,7 +13,8 @@ the message, and ``on_link(peer)`` fires once when a link comes up and once when
 so the driver calls ``Node.link_reset`` and the core resends whatever the protocol needs.
 
 Writes are coalesced: ``send`` only encodes and queues, and one ``writelines`` per link per
-event-loop iteration moves everything the core produced in that iteration. A peer that stops
+event-loop iteration moves everything the core produced in that iteration (or every
+``FLUSH_FRAMES`` frames, so a long burst streams out as it is produced). A peer that stops
 reading cannot make us buffer without bound: past ``WRITE_HIGH_WATER`` queued bytes the link
 is dropped.
 """
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 MAGIC: Final = b"DLZAB\x00\x00\x01"  # protocol name and version; a new version is a new magic
 _HANDSHAKE: Final = struct.Struct(">8si")
 HANDSHAKE_TIMEOUT: Final = 5.0  # seconds to connect and finish the handshake
+FLUSH_FRAMES: Final = 32  # frames queued in one event-loop turn before they are written anyway
 WRITE_HIGH_WATER: Final = 64 * 1024 * 1024  # bytes queued in one link's transport
 DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # a SNAP sync carries a whole snapshot
 _I32_MAX: Final = (1 << 31) - 1
@@ -167,6 +169,8 @@ class _Link(asyncio.Protocol):
         if not self._pending:
             self._loop.call_soon(self._flush)
         self._pending.append(frame)
+        if len(self._pending) >= FLUSH_FRAMES:
+            self._flush()  # a long burst streams out instead of waiting for its end
 
     def _flush(self) -> None:
         if self.dead or not self._pending:
