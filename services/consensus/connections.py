@@ -317,11 +317,7 @@ class ClientConnection(asyncio.Protocol):
             self._queue_error(started, exc.xid, ErrorCode.UNIMPLEMENTED)
             return
         xid, op = header.xid, header.type
-        try:
-            name = OpCode(op).name.lower()
-        except ValueError:
-            name = str(op)
-        member.metrics.requests.labels(name).inc()
+        member.metrics.request(op)
         if op == OpCode.PING:
             self._queue_local(started, lambda: self._reply(xid, ErrorCode.OK))
         elif op == OpCode.AUTH:

@@ -357,6 +357,8 @@ class Member:
                     write.waiter(0, None)
         for entry in ready.committed:
             self._apply(entry)
+        if ready.committed:
+            self.metrics.commits.inc(len(ready.committed))
         for change in ready.role_changes:
             self._role_changed(change)
         self._maybe_snapshot()
@@ -388,7 +390,6 @@ class Member:
                     self.clients.deliver(event)
         self.applied_zxid = entry.zxid
         self._since_snap += 1
-        self.metrics.commits.inc()
         write = self._by_zxid.pop(entry.zxid, None)
         if write is not None:
             self.metrics.commit_latency.observe(time.monotonic() - write.started)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from directlog.metrics import LATENCY_BUCKETS, serve
+from services.consensus.codes import OpCode
 
 if TYPE_CHECKING:
     from services.consensus.member import Member
@@ -57,11 +58,22 @@ class ConsensusMetrics:
             ["code"],
             registry=r,
         )
+        self._request_counters: dict[int, Counter] = {}  # labels() once per opcode
         self.bad_input = Counter(
             "directlog_consensus_connections_closed_for_bad_input",
             "Client connections closed because their bytes were not valid jute",
             registry=r,
         )
+
+    def request(self, op: int) -> None:
+        counter = self._request_counters.get(op)
+        if counter is None:
+            try:
+                name = OpCode(op).name.lower()
+            except ValueError:
+                name = str(op)
+            counter = self._request_counters[op] = self.requests.labels(name)
+        counter.inc()
 
     def bind(self, member: Member) -> None:
         """Gauges read from ``member`` at scrape time."""

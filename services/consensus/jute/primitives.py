@@ -45,12 +45,13 @@ class Reader:
 
     def _need(self, size: int, field: str) -> int:
         """Claim `size` bytes and return where they start."""
-        if size > self.remaining:
-            raise TruncatedError(
-                f"{field}: needs {size} bytes at offset {self._pos}, {self.remaining} remain"
-            )
         pos = self._pos
-        self._pos = pos + size
+        end = pos + size
+        if end > len(self._buf):
+            raise TruncatedError(
+                f"{field}: needs {size} bytes at offset {pos}, {self.remaining} remain"
+            )
+        self._pos = end
         return pos
 
     def read_int(self, field: str) -> int:
@@ -60,6 +61,11 @@ class Reader:
     def read_long(self, field: str) -> int:
         value: int = LONG.unpack_from(self._buf, self._need(8, field))[0]
         return value
+
+    def read_struct(self, layout: struct.Struct, field: str) -> tuple[int, ...]:
+        """Several fixed-size fields at once (a header, a Stat): one unpack, one check."""
+        values: tuple[int, ...] = layout.unpack_from(self._buf, self._need(layout.size, field))
+        return values
 
     def read_bool(self, field: str) -> bool:
         """Any non-zero byte is true, as java.io.DataInput.readBoolean has it."""
@@ -132,6 +138,13 @@ class Writer:
         if not _LONG_MIN <= value <= _LONG_MAX:
             raise EncodeError(f"long value {value} outside int64")
         self._out += LONG.pack(value)
+
+    def write_struct(self, layout: struct.Struct, *values: int) -> None:
+        """Several fixed-size fields at once; out-of-range values raise EncodeError."""
+        try:
+            self._out += layout.pack(*values)
+        except struct.error as exc:
+            raise EncodeError(f"{layout.format}: {exc}") from None
 
     def write_bool(self, value: bool) -> None:
         self._out.append(1 if value else 0)

@@ -6,8 +6,9 @@ buffers are `bytes | None` because a znode's data may really be null; vectors ar
 (null reads as empty).
 """
 
+import struct
 from dataclasses import dataclass
-from typing import Self
+from typing import ClassVar, Self
 
 from services.consensus.codes import ErrorCode, OpCode
 from services.consensus.jute.errors import EncodeError, MalformedError
@@ -68,34 +69,29 @@ class Stat:
     num_children: int
     pzxid: int
 
+    # czxid mzxid ctime mtime: long; version cversion aversion: int; ephemeralOwner: long;
+    # dataLength numChildren: int; pzxid: long.
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct(">qqqqiiiqiiq")
+
     def write(self, w: Writer) -> None:
-        w.write_long(self.czxid)
-        w.write_long(self.mzxid)
-        w.write_long(self.ctime)
-        w.write_long(self.mtime)
-        w.write_int(self.version)
-        w.write_int(self.cversion)
-        w.write_int(self.aversion)
-        w.write_long(self.ephemeral_owner)
-        w.write_int(self.data_length)
-        w.write_int(self.num_children)
-        w.write_long(self.pzxid)
+        w.write_struct(
+            self.LAYOUT,
+            self.czxid,
+            self.mzxid,
+            self.ctime,
+            self.mtime,
+            self.version,
+            self.cversion,
+            self.aversion,
+            self.ephemeral_owner,
+            self.data_length,
+            self.num_children,
+            self.pzxid,
+        )
 
     @classmethod
     def read(cls, r: Reader) -> Self:
-        return cls(
-            czxid=r.read_long("Stat.czxid"),
-            mzxid=r.read_long("Stat.mzxid"),
-            ctime=r.read_long("Stat.ctime"),
-            mtime=r.read_long("Stat.mtime"),
-            version=r.read_int("Stat.version"),
-            cversion=r.read_int("Stat.cversion"),
-            aversion=r.read_int("Stat.aversion"),
-            ephemeral_owner=r.read_long("Stat.ephemeralOwner"),
-            data_length=r.read_int("Stat.dataLength"),
-            num_children=r.read_int("Stat.numChildren"),
-            pzxid=r.read_long("Stat.pzxid"),
-        )
+        return cls(*r.read_struct(cls.LAYOUT, "Stat"))
 
 
 # --- session ---------------------------------------------------------------------------
@@ -165,13 +161,14 @@ class RequestHeader:
     xid: int
     type: int
 
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct(">ii")
+
     def write(self, w: Writer) -> None:
-        w.write_int(self.xid)
-        w.write_int(self.type)
+        w.write_struct(self.LAYOUT, self.xid, self.type)
 
     @classmethod
     def read(cls, r: Reader) -> Self:
-        return cls(r.read_int("RequestHeader.xid"), r.read_int("RequestHeader.type"))
+        return cls(*r.read_struct(cls.LAYOUT, "RequestHeader"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,18 +177,14 @@ class ReplyHeader:
     zxid: int
     err: int
 
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct(">iqi")
+
     def write(self, w: Writer) -> None:
-        w.write_int(self.xid)
-        w.write_long(self.zxid)
-        w.write_int(self.err)
+        w.write_struct(self.LAYOUT, self.xid, self.zxid, self.err)
 
     @classmethod
     def read(cls, r: Reader) -> Self:
-        return cls(
-            r.read_int("ReplyHeader.xid"),
-            r.read_long("ReplyHeader.zxid"),
-            r.read_int("ReplyHeader.err"),
-        )
+        return cls(*r.read_struct(cls.LAYOUT, "ReplyHeader"))
 
 
 @dataclass(frozen=True, slots=True)

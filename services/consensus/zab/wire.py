@@ -339,8 +339,31 @@ class _Reader:
         return self.raw(field)  # "bytes"
 
 
+# The broadcast messages, one per write or per batch, decoded with one unpack each.
+_PROPOSAL = struct.Struct(">iqqI")  # sender epoch zxid payload length
+_EPOCH_ZXID = struct.Struct(">iqq")  # sender epoch zxid
+_EPOCH_ZXID_TYPES: Final[dict[int, type[Ack | Commit]]] = {10: Ack, 11: Commit}
+
+
+def _decode_broadcast(buf: bytes | bytearray, start: int, end: int) -> Message | None:
+    """Proposal, Ack or Commit the quick way; None for any other type. Sizes are checked
+    exactly, so a frame that does not fit takes the general path and its error."""
+    type_code = buf[start]
+    if type_code == 9 and end - start >= 1 + _PROPOSAL.size:
+        sender, epoch, zxid, length = _PROPOSAL.unpack_from(buf, start + 1)
+        body = start + 1 + _PROPOSAL.size
+        if body + length == end:
+            return Proposal(sender, epoch, LogEntry(zxid, bytes(buf[body:end])))
+    elif type_code in _EPOCH_ZXID_TYPES and end - start == 1 + _EPOCH_ZXID.size:
+        return _EPOCH_ZXID_TYPES[type_code](*_EPOCH_ZXID.unpack_from(buf, start + 1))
+    return None
+
+
 def _decode_frame(buf: bytes | bytearray, start: int, end: int) -> Message:
     """Decode the frame whose type byte is at ``start`` and whose last byte is ``end - 1``."""
+    quick = _decode_broadcast(buf, start, end)
+    if quick is not None:
+        return quick
     type_code = buf[start]
     codec = _BY_CODE.get(type_code)
     if codec is None:
