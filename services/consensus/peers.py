@@ -283,6 +283,11 @@ class PeerNetwork:
         if link is not None:
             link.queue(frame)
 
+    def flush(self) -> None:
+        """Write every queued frame now instead of at the end of this loop turn."""
+        for link in list(self._links.values()):
+            link._flush()
+
     def connected(self) -> set[int]:
         """Peers with a live link."""
         return set(self._links)
