@@ -268,16 +268,19 @@ REGRESSIONS: list[tuple[int, SimConfig]] = [
     # A follower that joined a running ensemble kept advertising its own id as its vote,
     # so a restarted member never saw a quorum for the leader ("all" mode).
     (3004, SimConfig(quorum="all")),
+    # Simulator: the barrier write after healing was lost with its leader (a link break
+    # still in flight from before the healing); finish() now writes another.
+    (6858, SimConfig(crash_prob=0.01, compact_prob=0.05)),
 ]
 
 VARIANTS: dict[str, tuple[range, SimConfig]] = {
-    "n3": (range(0, 500), SimConfig(ticks=1500)),
+    "n3": (range(0, 1000), SimConfig(ticks=1500)),
     "n3-heavy": (
         range(1000, 1060),
         SimConfig(drop_prob=0.02, crash_prob=0.01, partition_prob=0.01, max_delay=5, disk_delay=5),
     ),
     "n3-snap": (range(2000, 2040), SimConfig(diff_window=3, crash_prob=0.01)),
-    "n3-compact": (range(6000, 6400), SimConfig(crash_prob=0.01, compact_prob=0.05)),
+    "n3-compact": (range(6000, 7000), SimConfig(crash_prob=0.01, compact_prob=0.05)),
     "n3-compact-snap": (
         range(7000, 7040),
         SimConfig(diff_window=3, crash_prob=0.01, compact_prob=0.1, partition_prob=0.01),

@@ -38,6 +38,7 @@ from services.consensus.zab import (
     QuorumMode,
     ServerState,
     Snapshot,
+    zxid_epoch,
 )
 
 Link = tuple[int, int]
@@ -423,6 +424,14 @@ class Simulation:
             lead = self.leader()
             if lead is None:
                 continue
+            # A link break still in flight from before the healing may cost the barrier's
+            # leader its leadership and the barrier with it: then write another.
+            if (
+                barrier_zxid is not None
+                and self.node(lead).epoch > zxid_epoch(barrier_zxid)
+                and not any(e.zxid == barrier_zxid for e in self.history)
+            ):
+                barrier_zxid = None
             if barrier_zxid is None:
                 result = self.propose(lead)
                 if isinstance(result, Accepted):
