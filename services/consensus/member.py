@@ -110,7 +110,11 @@ class Member:
         self.id = member_id
         self.metrics = ConsensusMetrics()
         self.clients: SessionClients | None = None
-        self.data_dir = DataDir(settings.member_dir(member_id), force_sync=settings.force_sync)
+        self.data_dir = DataDir(
+            settings.member_dir(member_id),
+            segment_bytes=settings.log_segment_bytes,
+            force_sync=settings.force_sync,
+        )
         state = self.data_dir.load()
         self.tree = _tree(state.snapshot)
         self.preparer = Preparer(self.tree)

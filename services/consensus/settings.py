@@ -66,6 +66,7 @@ class ConsensusSettings(BaseSettings):
     min_session_timeout_ms: int | None = None  # 10 ticks when unset: sessions are seen
     # by the leader once per heartbeat, so a shorter timeout would expire live sessions
     max_session_timeout_ms: int = Field(60_000, ge=1)
+    log_segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)  # preallocated per log file
     snap_count: int = Field(10_000, ge=10)  # transactions between snapshots
     snap_retain_count: int = Field(3, ge=1)  # snapshots kept (ZooKeeper's autopurge)
     max_buffer: int = Field(1024 * 1024, ge=1024)  # jute.maxbuffer

@@ -47,16 +47,28 @@ def read_all(log: TxnLog) -> list[LogEntry]:
 
 @pytest.fixture
 def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts os.fsync calls; the real fsync still runs."""
+    """Counts os.fsync and os.fdatasync calls; the real ones still run."""
     calls: list[int] = []
-    real: Callable[[int], None] = os.fsync
+    for name in ("fsync", "fdatasync"):
+        real: Callable[[int], None] = getattr(os, name)
 
-    def counting(fd: int) -> None:
-        calls.append(fd)
-        real(fd)
+        def counting(fd: int, real: Callable[[int], None] = real) -> None:
+            calls.append(fd)
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", counting)
+        monkeypatch.setattr(os, name, counting)
     return calls
+
+
+def record_end(data: bytes) -> int:
+    """Where the records of a segment file end and its preallocated zeros begin."""
+    pos = 0
+    while pos + RECORD_HEADER.size <= len(data):
+        length, _crc, zxid = RECORD_HEADER.unpack_from(data, pos)
+        if zxid == 0:
+            break
+        pos += RECORD_HEADER.size + length
+    return pos
 
 
 # -- transaction log ---------------------------------------------------------------------
@@ -90,12 +102,14 @@ def test_round_trip_across_segment_rolls(tmp_path: Path) -> None:
 
 
 def test_segment_files_hold_documented_records(tmp_path: Path) -> None:
-    with TxnLog(tmp_path) as log:
+    with TxnLog(tmp_path, segment_bytes=4096) as log:
         log.append([LogEntry(make_zxid(1, 1), b"abc")])
         log.sync()
     raw = (tmp_path / segment_name(make_zxid(1, 1))).read_bytes()
     length, _crc, zxid = RECORD_HEADER.unpack_from(raw)
-    assert (length, zxid, raw[RECORD_HEADER.size :]) == (3, make_zxid(1, 1), b"abc")
+    end = RECORD_HEADER.size + 3
+    assert (length, zxid, raw[RECORD_HEADER.size : end]) == (3, make_zxid(1, 1), b"abc")
+    assert len(raw) == 4096 and raw[end:] == bytes(4096 - end)  # preallocated
 
 
 def test_read_from_includes_buffered_entries(tmp_path: Path) -> None:
@@ -189,40 +203,43 @@ def test_truncate_keeps_buffered_prefix_durable(tmp_path: Path) -> None:
 
 
 def test_torn_tail_is_cut_on_reopen(tmp_path: Path) -> None:
-    with TxnLog(tmp_path) as log:
+    with TxnLog(tmp_path, segment_bytes=4096) as log:
         log.append(entries(1, 10))
         log.sync()
         ((_, path),) = log.segments()
-    full = path.stat().st_size
-    os.truncate(path, full - 3)  # a crash mid-write of the last record
-    with TxnLog(tmp_path) as log:
+    data = bytearray(path.read_bytes())
+    end = record_end(data)
+    data[end - 3 : end] = bytes(3)  # a crash mid-write: the last record's end never landed
+    path.write_bytes(bytes(data))
+    with TxnLog(tmp_path, segment_bytes=4096) as log:
         assert read_all(log) == entries(1, 9)
         assert log.last_zxid == entry(9).zxid
-        cut = path.stat().st_size
-        assert cut < full - 3
+        cut = record_end(path.read_bytes())
+        assert cut < end - 3
+        assert path.read_bytes()[cut:] == bytes(4096 - cut)  # cut, then preallocated again
         log.append([entry(10)])
         log.sync()
-    assert path.stat().st_size == full
+    assert record_end(path.read_bytes()) == end
     with TxnLog(tmp_path) as log:
         assert read_all(log) == entries(1, 10)
 
 
-def test_torn_header_and_zero_fill_are_cut(tmp_path: Path) -> None:
-    with TxnLog(tmp_path) as log:
+def test_zero_fill_is_the_end_and_a_torn_header_is_cut(tmp_path: Path) -> None:
+    with TxnLog(tmp_path, segment_bytes=4096) as log:
         log.append(entries(1, 4))
         log.sync()
         ((_, path),) = log.segments()
-    size = path.stat().st_size
-    with open(path, "ab") as f:
-        f.write(b"\0" * 40)  # a file extended but never filled before the crash
-    with TxnLog(tmp_path) as log:
+    before = path.read_bytes()
+    end = record_end(before)
+    with TxnLog(tmp_path, segment_bytes=4096) as log:  # the preallocated zeros are no damage
         assert read_all(log) == entries(1, 4)
-    assert path.stat().st_size == size
-    with open(path, "ab") as f:
-        f.write(b"\0\0\0")  # half a header
-    with TxnLog(tmp_path) as log:
+    assert path.read_bytes() == before
+    with open(path, "r+b") as f:
+        f.seek(end)
+        f.write(b"\0\0\0\x07\x01")  # half a header
+    with TxnLog(tmp_path, segment_bytes=4096) as log:
         assert read_all(log) == entries(1, 4)
-    assert path.stat().st_size == size
+    assert path.read_bytes() == before
 
 
 def test_flipped_byte_cuts_there_and_drops_later_segments(tmp_path: Path) -> None:
@@ -245,7 +262,8 @@ def test_flipped_byte_cuts_there_and_drops_later_segments(tmp_path: Path) -> Non
     with TxnLog(tmp_path, segment_bytes=200) as log:
         assert read_all(log) == written[: index + 2]
         assert [f for f, _ in log.segments()] == [segments[0][0], first]
-    assert path.stat().st_size == pos
+    after = path.read_bytes()
+    assert after[:pos] == data[:pos] and after[pos:] == bytes(len(after) - pos)
     assert not any(p.exists() for _, p in segments[2:])
 
 
@@ -313,6 +331,7 @@ def test_failed_fsync_poisons_the_log(tmp_path: Path, monkeypatch: pytest.Monkey
 
         with monkeypatch.context() as patch:
             patch.setattr(os, "fsync", failing)
+            patch.setattr(os, "fdatasync", failing)
             with pytest.raises(OSError):
                 log.sync()
         assert log.durable_zxid == entry(2).zxid

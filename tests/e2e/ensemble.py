@@ -68,7 +68,12 @@ class Ensemble:
         self.metrics_ports = {i: free_port() for i in self.ids}
         self.data_dir = self.work_dir / "consensus"
         self.config_path = self.work_dir / "ensemble.yaml"
-        self.settings = {"data_dir": str(self.data_dir), "tick_ms": 50, **(settings or {})}
+        self.settings = {
+            "data_dir": str(self.data_dir),
+            "tick_ms": 50,
+            "log_segment_bytes": 4 * 1024 * 1024,
+            **(settings or {}),
+        }
         self.stop_timeout = stop_timeout
         self.member_hosts = dict(member_hosts or {})
         self.command_prefix = {i: list(p) for i, p in (command_prefix or {}).items()}
