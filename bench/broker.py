@@ -72,6 +72,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from bench.processes import free_ports, log_tail, stop
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TARGETS = ("ours", "tansu", "limits")
@@ -89,7 +91,6 @@ LIMIT_FIGURES = ("tcp_loopback_MBps", "sendfile_loopback_MBps")
 SMALL_VALUE = 200
 BIG_VALUE = 32 * 1024
 STARTUP_SECONDS = 20.0
-STOP_SECONDS = 5.0
 CONSUME_CALL_BYTES = 8 << 20  # value bytes asked of one Consumer.consume call
 CHUNK = 1 << 20  # socket buffer moved per call in the limit measurements
 
@@ -138,24 +139,6 @@ def make_payloads(sizes: Sizes) -> Payloads:
 # --- processes and ports -------------------------------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports the kernel reports free (held together, then released)."""
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    try:
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join("    | " + line for line in text[-lines:])
-
-
 def wait_for_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
@@ -167,17 +150,6 @@ def wait_for_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
         except OSError:
             time.sleep(0.1)
     raise BenchError(f"port {port} not accepting after {STARTUP_SECONDS:.0f} s\n{log_tail(log)}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(STOP_SECONDS)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bench.processes import STOP_SECONDS, free_ports, log_tail, stop
 from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,6 @@ ZOOKEEPER_ANCHORS: Figures = {
 }
 LOWER_IS_BETTER = ("seq_write_p50_ms", "seq_write_p99_ms", "failover_s")
 STARTUP_SECONDS = 60.0
-STOP_SECONDS = 5.0
 FAILOVER_LIMIT_SECONDS = 30.0
 ZK_JARS = (
     "/usr/share/java/zookeeper.jar",
@@ -134,36 +134,6 @@ class BenchError(Exception):
 
 
 # --- processes and ports -------------------------------------------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports the kernel reports free (held together, then released)."""
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    try:
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join("    | " + line for line in text[-lines:])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after STOP_SECONDS; by PID, and always reaped."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(STOP_SECONDS)
 
 
 def four_letter(port: int, word: bytes = b"srvr", timeout: float = 2.0) -> str:

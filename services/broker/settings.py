@@ -4,21 +4,18 @@ command-line flags."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
+
+from directlog.settings import ServiceSettings
 
 
-class BrokerSettings(BaseSettings):
+class BrokerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DIRECTLOG_", extra="forbid")
+    config_env: ClassVar[str] = "DIRECTLOG_CONFIG"
 
     node_id: int = Field(0, ge=0)
     host: str = "127.0.0.1"
@@ -31,24 +28,3 @@ class BrokerSettings(BaseSettings):
     socket_request_max_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     log_defaults: dict[str, str] = Field(default_factory=dict)  # topic configs, Kafka names
     housekeeping_interval_ms: int = Field(1000, ge=10)  # flush.ms and retention checks
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("DIRECTLOG_CONFIG")
-        if config_file:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
-        return tuple(sources)
-
-    @classmethod
-    def load(cls, config_file: Path | None = None, **overrides: Any) -> BrokerSettings:
-        if config_file is not None:
-            os.environ["DIRECTLOG_CONFIG"] = str(config_file)
-        return cls(**{k: v for k, v in overrides.items() if v is not None})

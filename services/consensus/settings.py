@@ -16,19 +16,13 @@ variables override the file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
 
-_CONFIG_ENV = "DIRECTLOG_CONSENSUS_CONFIG"
+from directlog.settings import ServiceSettings
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -53,8 +47,9 @@ class MemberAddresses(BaseModel):
         return value
 
 
-class ConsensusSettings(BaseSettings):
+class ConsensusSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DIRECTLOG_CONSENSUS_", extra="forbid")
+    config_env: ClassVar[str] = "DIRECTLOG_CONSENSUS_CONFIG"
 
     members: dict[int, MemberAddresses]
     data_dir: Path = Path("data/consensus")
@@ -98,23 +93,8 @@ class ConsensusSettings(BaseSettings):
         return self.data_dir / str(member_id)
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get(_CONFIG_ENV)
-        if config_file:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
-        return tuple(sources)
-
-    @classmethod
-    def load(cls, config_file: Path, **overrides: Any) -> ConsensusSettings:
-        if not config_file.is_file():
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> Self:
+        """The ensemble file is required: it names every member."""
+        if config_file is None or not config_file.is_file():
             raise FileNotFoundError(f"no consensus config at {config_file}")
-        os.environ[_CONFIG_ENV] = str(config_file)
-        return cls(**{k: v for k, v in overrides.items() if v is not None})
+        return super().load(config_file, **overrides)
