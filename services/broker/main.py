@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvloop
 
+from directlog import heap
 from directlog.topics import TopicPartition
 from services.broker.apis import KafkaApis
 from services.broker.metrics import BrokerMetrics
@@ -59,6 +60,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         f"  stop with Ctrl-C",
         flush=True,
     )
+    heap.settle()
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
     housekeeping = asyncio.get_running_loop().create_task(_housekeeping(logs, settings, fsyncs))
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import uvloop
 from pydantic import ValidationError
 
+from directlog import heap
 from services.consensus.connections import ClientServer
 from services.consensus.member import Member
 from services.consensus.settings import ConsensusSettings, parse_address
@@ -28,10 +28,7 @@ async def run_member(settings: ConsensusSettings, member_id: int, stop: asyncio.
         host, port = parse_address(addresses.metrics)
         metrics_url = f"http://{host}:{member.metrics.serve(host, port)}/metrics"
     await member.start()
-    # Everything loaded so far lives as long as the process: keep the collector off it,
-    # and let it run less often (a write allocates a few dozen short-lived objects).
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
+    heap.settle()
     host, port = parse_address(addresses.client)
     port = await clients.start(host, port)
     print(
