@@ -85,7 +85,9 @@ _MAX_BATCH = 32  # events (client writes, peer messages) carried out as one Read
 
 @dataclass(slots=True)
 class _Write:
-    payload: bytes
+    payload: bytes  # what travels to the leader; session and request as decoded from it
+    session: Session
+    request: Write
     waiter: Waiter
     started: float
 
@@ -145,6 +147,7 @@ class Member:
         self._writes: dict[int, _Write] = {}  # request id -> write
         self._by_zxid: dict[int, _Write] = {}
         self._backlog: deque[_Write] = deque()
+        self._proposing: _Write | None = None  # the local write Node.propose is handling
         self._heard: set[int] = set()  # sessions heard from since the last tick
         self._deadlines: dict[int, float] = {}  # leader: session -> expiry (monotonic)
         self._expiring: set[int] = set()
@@ -220,7 +223,7 @@ class Member:
     def submit(self, session: Session, request: Write, waiter: Waiter) -> None:
         """Send a write on its way; ``waiter`` is called once with its outcome."""
         self._heard.add(session.session_id)
-        write = _Write(encode_write(session, request), waiter, time.monotonic())
+        write = _Write(encode_write(session, request), session, request, waiter, time.monotonic())
         if self._backlog or len(self._writes) + len(self._by_zxid) >= _LOCAL_IN_FLIGHT:
             self._backlog.append(write)
             return
@@ -228,7 +231,11 @@ class Member:
         self._process_soon()
 
     def _propose(self, write: _Write) -> None:
-        result = self.node.propose(write.payload)
+        self._proposing = write  # _prepare, if the leader is us, need not decode the payload
+        try:
+            result = self.node.propose(write.payload)
+        finally:
+            self._proposing = None
         if isinstance(result, Accepted):
             if result.zxid is not None:
                 self._by_zxid[result.zxid] = write
@@ -255,7 +262,11 @@ class Member:
     # ------------------------------------------------------------------ leader side
 
     def _prepare(self, zxid: int, payload: bytes) -> bytes:
-        session, request = decode_write(payload)
+        local = self._proposing
+        if local is not None and local.payload is payload:
+            session, request = local.session, local.request
+        else:
+            session, request = decode_write(payload)
         now_ms = int(time.time() * 1000)
         body: LoggedBody
         if isinstance(request, SyncRequest):
