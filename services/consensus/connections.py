@@ -185,7 +185,8 @@ class ClientConnection(asyncio.Protocol):
         self.member = server.member
         self.transport: asyncio.Transport | None = None
         self.splitter = FrameSplitter(self.member.settings.max_buffer)
-        self.head = b""
+        self.head = b""  # bytes held until the first four are in
+        self.sniffed = False
         self.session: Session | None = None
         self.timeout_ms = 0
         self.queue: deque[_Pending] = deque()
@@ -214,16 +215,17 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.session is None and len(self.head) < 4:
+        if not self.sniffed:
+            # The first four bytes tell a four-letter word from a frame's length.
             self.head += data
             if len(self.head) < 4:
                 return
-            word = self.head[:4]
-            if word in FOUR_LETTER_WORDS:
-                self._write(answer(word, self.member, self.server).encode())
+            self.sniffed = True
+            if self.head[:4] in FOUR_LETTER_WORDS:
+                self._write(answer(self.head[:4], self.member, self.server).encode())
                 self.close()
                 return
-            data, self.head = self.head, b"----"
+            data, self.head = self.head, b""
         try:
             for frame in self.splitter.feed(data):
                 self._frame(frame)
