@@ -65,7 +65,6 @@ from services.consensus.zab import (
     RoleChange,
     ServerState,
     Snapshot,
-    Unknown,
 )
 from services.consensus.zab.messages import PingAck
 from services.consensus.zab.wire import encode
@@ -361,7 +360,7 @@ class Member:
                 write = self._writes.pop(result.request_id, None)
                 if write is not None:
                     self._by_zxid[result.zxid] = write
-            elif isinstance(result, Unknown) or not isinstance(result, Committed):
+            elif not isinstance(result, Committed):  # Unknown, or Rejected by the leader
                 write = self._writes.pop(result.request_id, None)
                 if write is not None:
                     write.waiter(0, None)
