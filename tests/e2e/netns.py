@@ -68,11 +68,16 @@ def _free_subnet() -> int:
     return random.choice(candidates)
 
 
+_INSTANCES = itertools.count()
+
+
 class MemberNetworks:
     def __init__(self, members: list[int]) -> None:
         assert all(1 <= i <= 99 for i in members), members
         self.members = list(members)
-        self.tag = f"{os.getpid() % 100000:05d}{random.randrange(100):02d}"
+        # Unique per instance in this process (device names must not meet a previous
+        # test's, whose namespaces the kernel may still be tearing down).
+        self.tag = f"{os.getpid() % 100000:05d}{next(_INSTANCES) % 100:02d}"
         self.subnet = _free_subnet()
         self._made: list[str] = []
 
@@ -153,6 +158,8 @@ class MemberNetworks:
                     _ip("-n", self.namespace(here), "route", "replace", *route)
 
     def teardown(self) -> None:
+        for i in self.members:  # deleting a veth end removes its peer at once
+            subprocess.run(["ip", "link", "del", f"dl{self.tag}c{i}"], capture_output=True)
         while self._made:
             subprocess.run(["ip", "netns", "del", self._made.pop()], capture_output=True)
 
