@@ -93,6 +93,7 @@ from typing import Any
 
 from bench.processes import STOP_SECONDS, free_ports, log_tail, stop
 from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
+from services.consensus.fourletter import ask
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -136,19 +137,10 @@ class BenchError(Exception):
 # --- processes and ports -------------------------------------------------------------------
 
 
-def four_letter(port: int, word: bytes = b"srvr", timeout: float = 2.0) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(word)
-        chunks = []
-        while chunk := sock.recv(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
-
-
 def mode_of(port: int) -> str | None:
     """`Mode:` from srvr (leader, follower, ...), None while the member does not serve."""
     try:
-        found = re.search(r"^Mode: (\w+)", four_letter(port), re.MULTILINE)
+        found = re.search(r"^Mode: (\w+)", ask(port, "srvr"), re.MULTILINE)
     except OSError:
         return None
     return found.group(1) if found else None

@@ -18,6 +18,16 @@ FOUR_LETTER_WORDS = frozenset({b"ruok", b"srvr", b"stat", b"mntr", b"envi"})
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
 
 
+def ask(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> str:
+    """Send ``word`` to a member's client port (ours or ZooKeeper's) and read the answer."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(word.encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def answer(word: bytes, member: Member, server: ClientServer) -> str:
     if word == b"ruok":
         return "imok"

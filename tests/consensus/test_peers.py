@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import struct
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from services.consensus.peers import MAGIC, PeerNetwork
 from services.consensus.zab.messages import Ack, Message, Ping, Proposal
 from services.consensus.zab.state import LogEntry
 from services.consensus.zab.wire import encode
+from tests.ports import free_port
 
 HOST = "127.0.0.1"
 DEADLINE = 5.0  # seconds any single wait may take
@@ -85,13 +85,6 @@ async def cluster(ids: tuple[int, ...]) -> dict[int, Member]:
         others = set(members) - {m.id}
         await wait_until(f"{m.id} linked to {others}", lambda m=m, o=others: m.net.connected() == o)
     return members
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def handshake(member_id: int, magic: bytes = MAGIC) -> bytes:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,23 +24,9 @@ from typing import Any
 
 import yaml
 
+from services.consensus.fourletter import ask
 from tests.e2e.broker import REPO_ROOT, _terminate_with_parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def four_letter(port: int, word: str, timeout: float = 2.0, host: str = "127.0.0.1") -> str:
-    """Send a four-letter word to a client port and read the whole answer."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(word.encode())
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
+from tests.ports import free_port
 
 
 class Ensemble:
@@ -184,7 +169,7 @@ class Ensemble:
     def mode(self, member: int) -> str | None:
         """`leader`, `follower`, `looking`, or None when the member does not answer."""
         try:
-            answer = four_letter(self.client_ports[member], "mntr", host=self.address(member))
+            answer = ask(self.client_ports[member], "mntr", host=self.address(member))
         except OSError:
             return None
         for line in answer.splitlines():
@@ -195,7 +180,7 @@ class Ensemble:
 
     def stat(self, member: int) -> dict[str, str]:
         """`mntr` as a dict."""
-        answer = four_letter(self.client_ports[member], "mntr", host=self.address(member))
+        answer = ask(self.client_ports[member], "mntr", host=self.address(member))
         return dict(line.split("\t", 1) for line in answer.splitlines() if "\t" in line)
 
     def wait_serving(self, members: list[int] | None = None, timeout: float = 30.0) -> int:

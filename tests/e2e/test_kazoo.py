@@ -60,8 +60,9 @@ from kazoo.security import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.consensus.fourletter import ask
 from tests.e2e.broker import REPO_ROOT
-from tests.e2e.ensemble import Ensemble, four_letter
+from tests.e2e.ensemble import Ensemble
 from tests.e2e.zk_raw import (
     CREATE,
     EXISTS,
@@ -820,22 +821,22 @@ def test_party_members(zk: Clients, base: str) -> None:
 def test_four_letter_words(ens: Ensemble, zk: Clients, base: str) -> None:
     leader, followers = members(ens)
     for i in ens.ids:
-        assert four_letter(ens.client_ports[i], "ruok") == "imok"
-        assert four_letter(ens.client_ports[i], "envi").startswith("Environment:\n")
+        assert ask(ens.client_ports[i], "ruok") == "imok"
+        assert ask(ens.client_ports[i], "envi").startswith("Environment:\n")
 
     client = zk(ens.host(followers[0]))
     stat = client.create(base, b"", include_data=True)[1]
     modes = {}
     for i in ens.ids:
         for word in ("srvr", "stat"):
-            text = four_letter(ens.client_ports[i], word)
+            text = ask(ens.client_ports[i], word)
             mode = re.search(r"^Mode: (\w+)$", text, re.M)
             zxid = re.search(r"^Zxid: (0x[0-9a-f]+)$", text, re.M)
             assert mode and zxid, text
             modes[i] = mode.group(1)
             if i == followers[0]:
                 assert int(zxid.group(1), 16) >= stat.czxid
-        assert "Clients:" in four_letter(ens.client_ports[i], "stat")
+        assert "Clients:" in ask(ens.client_ports[i], "stat")
     assert modes == {leader: "leader", **{f: "follower" for f in followers}}
 
     member = followers[0]
@@ -946,7 +947,7 @@ def test_malformed_frames_close_the_connection(
             assert (reply.xid, reply.err) == (1, 0), name
             raw.send_raw(data)
             assert raw.is_closed_by_server(), name
-        assert four_letter(port, "ruok") == "imok"
+        assert ask(port, "ruok") == "imok"
     assert scrape(ens, leader)[counter] == bad_before + len(cases)
 
 
@@ -963,7 +964,7 @@ def test_oversized_frame_length_closes_the_connection(
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(integer(2 * 1024 * 1024) + bytes(1000))
         assert sock.recv(100) == b""
-    assert four_letter(port, "ruok") == "imok"
+    assert ask(port, "ruok") == "imok"
 
 
 def test_invalid_paths_are_bad_arguments(
@@ -1014,7 +1015,7 @@ def test_unknown_opcode_is_unimplemented_and_the_connection_keeps_working(
         assert reply.body[:9] == integer(5) + b"alpha"
         raw.send_request(-2, 11)  # ping
         assert raw.reply().xid == -2
-    assert four_letter(port, "ruok") == "imok"
+    assert ask(port, "ruok") == "imok"
 
 
 FUZZ_OPS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 100, 101, 999]
@@ -1045,7 +1046,7 @@ def test_fuzz_random_bytes_after_connect(
         with contextlib.suppress(OSError):
             raw.send_request(-2, 11)  # a ping: its reply shows the bytes before were read
             raw.is_closed_by_server()
-    assert four_letter(port, "ruok") == "imok"
+    assert ask(port, "ruok") == "imok"
     assert ens.mode(ens.ids[-1]) in ("leader", "follower")
 
 
@@ -1053,7 +1054,7 @@ def test_members_serve_after_bad_input(ens: Ensemble, zk: Clients) -> None:
     assert sorted(ens.running()) == ens.ids
     leader, followers = members(ens)
     for i in ens.ids:
-        assert four_letter(ens.client_ports[i], "ruok") == "imok"
+        assert ask(ens.client_ports[i], "ruok") == "imok"
     client = zk()
     client.sync("/")
     counts = {}
