@@ -111,10 +111,14 @@ def test_every_codec_round_trips_exactly(module_broker, clients, topic_name, cod
     assert sum(count for _, count in batches) == N
     # The producer really compressed: the broker keeps batches as the producer sent them.
     # (librdkafka silently sends uncompressed batches when it thinks the broker cannot take
-    # the codec, which would leave the codec untested.)
+    # the codec, which would leave the codec untested. It also sends a batch uncompressed
+    # when compressing would not make it smaller, as for a straggler of one record, so a
+    # few uncompressed batches beside the compressed ones are normal.)
     codecs = sorted({c for c, _ in batches})
-    assert codecs == [CODEC_IDS[codec]], (
-        f"stored batches have codec ids {codecs}, not {codec} ({CODEC_IDS[codec]})"
+    compressed = sum(count for c, count in batches if c == CODEC_IDS[codec])
+    assert set(codecs) <= {0, CODEC_IDS[codec]}, f"stored batches have codec ids {codecs}"
+    assert compressed > N // 2, (
+        f"only {compressed} of {N} records in {codec} ({CODEC_IDS[codec]}) batches: {batches}"
     )
     if codec != "none":
         assert len(batches) < N, "the producer never batched: compression was not exercised"
