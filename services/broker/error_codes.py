@@ -8,6 +8,7 @@ from directlog.records.errors import (
     InvalidRecordError,
     UnsupportedCompressionError,
 )
+from directlog.topic_config import InvalidConfigError
 from services.broker.storage import errors as storage
 
 _TABLE: list[tuple[type[BaseException], ErrorCode]] = [
@@ -18,7 +19,7 @@ _TABLE: list[tuple[type[BaseException], ErrorCode]] = [
     (storage.MessageTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (storage.RecordBatchTooLargeError, ErrorCode.RECORD_LIST_TOO_LARGE),
     (storage.InvalidTimestampError, ErrorCode.INVALID_TIMESTAMP),
-    (storage.InvalidConfigError, ErrorCode.INVALID_CONFIG),
+    (InvalidConfigError, ErrorCode.INVALID_CONFIG),
     (storage.StorageError, ErrorCode.KAFKA_STORAGE_ERROR),
 ]
 

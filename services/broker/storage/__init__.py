@@ -1,8 +1,7 @@
 """The broker's storage engine: partition logs of segment files, and the log directory."""
 
-from services.broker.storage.config import LogConfig
+from directlog.topic_config import InvalidConfigError, LogConfig
 from services.broker.storage.errors import (
-    InvalidConfigError,
     InvalidTimestampError,
     MessageTooLargeError,
     OffsetOutOfRangeError,

@@ -28,10 +28,6 @@ class InvalidTimestampError(Exception):
     """A record timestamp outside the window the topic accepts. Kafka: INVALID_TIMESTAMP."""
 
 
-class InvalidConfigError(ValueError):
-    """A log config value of the wrong type or range. Kafka: INVALID_CONFIG."""
-
-
 class ReservationStateError(Exception):
     """The reserve/commit protocol was used out of order: a commit that is not the oldest
     pending reservation, an append while reservations are pending, a reservation that does

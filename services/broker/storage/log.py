@@ -30,7 +30,7 @@ from directlog.records.batch import (
     stamp_offset_and_epoch,
 )
 from directlog.records.varint import Buffer
-from services.broker.storage.config import LogConfig
+from directlog.topic_config import LogConfig
 from services.broker.storage.errors import (
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,

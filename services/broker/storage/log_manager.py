@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from directlog.durable_files import fsync_path, remove_temporaries
+from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage.checkpoint import OffsetCheckpointFile
-from services.broker.storage.config import LogConfig
 from services.broker.storage.errors import StorageError
 from services.broker.storage.log import Clock, PartitionLog, wall_clock_ms
 

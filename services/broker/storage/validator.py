@@ -31,7 +31,7 @@ from directlog.records.batch import (
 )
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
-from services.broker.storage.config import LogConfig
+from directlog.topic_config import LogConfig
 from services.broker.storage.errors import InvalidTimestampError, MessageTooLargeError
 
 MAX_DECOMPRESSED = 64 << 20  # bound on the inflated records of one compressed batch

@@ -1,7 +1,9 @@
-"""Per-partition log settings, under Kafka's topic config names and defaults.
+"""Topic settings, under Kafka's topic config names and defaults.
 
-The broker reads and writes them as Kafka properties (CreateTopics, DescribeConfigs,
-IncrementalAlterConfigs), so one table lists each name, its field, type and lower bound.
+Brokers apply them to partition logs and replication; the controller validates them when a
+topic is created or altered. Both read and write them as Kafka properties (CreateTopics,
+DescribeConfigs, IncrementalAlterConfigs), so one table lists each name, its field, type and
+lower bound.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from directlog.records.batch import HEADER_SIZE, TimestampType
-from services.broker.storage.errors import InvalidConfigError
+
+
+class InvalidConfigError(ValueError):
+    """A topic config value of the wrong type or range. Kafka: INVALID_CONFIG."""
+
 
 LONG_MAX = (1 << 63) - 1
 DAY_MS = 24 * 60 * 60 * 1000
@@ -38,6 +44,8 @@ class LogConfig:
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = LONG_MAX
+    min_insync_replicas: int = 1  # acks=-1 needs this many in-sync replicas
+    unclean_leader_election_enable: bool = False  # a replica outside the ISR may lead
 
     @classmethod
     def from_properties(
@@ -99,4 +107,6 @@ _PROPERTIES: dict[str, tuple[str, Any, int | None]] = {
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type, None),
     "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", int, 0),
     "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", int, 0),
+    "min.insync.replicas": ("min_insync_replicas", int, 1),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool, None),
 }

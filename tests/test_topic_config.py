@@ -3,7 +3,7 @@
 import pytest
 
 from directlog.records.batch import TimestampType
-from services.broker.storage import InvalidConfigError, LogConfig
+from directlog.topic_config import InvalidConfigError, LogConfig
 
 
 def test_defaults_match_kafka():
