@@ -12,7 +12,7 @@ DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # the consensus partition tests put members in.
 TEST_DEBIAN_PACKAGES := kcat iproute2
 
-.PHONY: test run lint bench clean
+.PHONY: test run lint bench proto clean
 
 $(STAMP): pyproject.toml directlog/records/_scan.c
 	@$(PYTHON) -c 'import ensurepip, pathlib, sys, sysconfig; \
@@ -22,27 +22,37 @@ $(STAMP): pyproject.toml directlog/records/_scan.c
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint]'
+	$(PY) -m pip install --quiet -e '.[build,test,lint]'
 	touch $@
 
-test: $(STAMP)
+# gRPC modules generated from proto/ into directlog/rpc/ (imported as directlog.rpc.*).
+PROTOS    := $(wildcard proto/*.proto)
+GENERATED := $(PROTOS:proto/%.proto=directlog/rpc/%_pb2.py)
+
+directlog/rpc/%_pb2.py: proto/%.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -Idirectlog/rpc=proto --python_out=. --pyi_out=. \
+	  --grpc_python_out=. $<
+
+proto: $(GENERATED)
+
+test: $(STAMP) proto
 	@command -v kcat >/dev/null && command -v ip >/dev/null || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest
 
 # The local cluster in the foreground: three consensus members (127.0.0.1:2181-2183) and
 # one broker on 127.0.0.1:9092, data under $(DATA).
-run: $(STAMP)
+run: $(STAMP) proto
 	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
 
-lint: $(STAMP)
+lint: $(STAMP) proto
 	$(VENV)/bin/ruff check directlog services tests bench
 	$(VENV)/bin/ruff format --check directlog services tests bench
 	$(VENV)/bin/mypy directlog services
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(STAMP) proto
 	$(PY) -m pip install --quiet -e '.[bench]'
 	touch $@
 
@@ -61,3 +71,4 @@ bench: $(BENCH_STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
 	find directlog -name '*.so' -delete
+	rm -f directlog/rpc/*_pb2*.py directlog/rpc/*_pb2*.pyi
