@@ -9,14 +9,17 @@ from services.broker.storage.errors import (
     ReservationStateError,
     StorageError,
 )
+from services.broker.storage.leader_epochs import EpochEntry, LeaderEpochCache
 from services.broker.storage.log import AppendResult, LogRead, PartitionLog, Reservation
 from services.broker.storage.log_file import FileSlice
 
 __all__ = [
     "AppendResult",
+    "EpochEntry",
     "FileSlice",
     "InvalidConfigError",
     "InvalidTimestampError",
+    "LeaderEpochCache",
     "LogConfig",
     "LogRead",
     "MessageTooLargeError",

@@ -8,21 +8,30 @@ a producer fills itself (the RDMA produce of KafkaDirect), and `commit` validate
 bytes where they lie and stamps offsets in place. Readers get whole batches as file slices
 bounded by max bytes and an upper offset (the high watermark), ready for os.sendfile.
 
+Beside the segments the directory holds the leader epoch cache (`leader-epoch-checkpoint`,
+see leader_epochs.py), kept in step with appends, truncation and retention, and Kafka's
+`partition.metadata`, which names the topic id the log belongs to.
+
 Invariants: offsets are dense for producer appends and never go back; log start <= high
-watermark <= log end; recovery point <= log end; the head segment is the last one.
+watermark <= log end; recovery point <= log end; the head segment is the last one; no
+leader epoch entry starts past the log end.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 import threading
 import time
+import uuid
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from directlog.durable_files import remove_temporaries, write_atomically
 from directlog.records.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -37,6 +46,7 @@ from services.broker.storage.errors import (
     ReservationStateError,
     StorageError,
 )
+from services.broker.storage.leader_epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.segment import (
@@ -50,6 +60,7 @@ from services.broker.storage.validator import AppendPlan, plan_append
 Clock = Callable[[], int]
 _PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 _INT32_MAX = (1 << 31) - 1
+PARTITION_METADATA = "partition.metadata"
 
 
 def wall_clock_ms() -> int:
@@ -101,6 +112,8 @@ class PartitionLog:
         recovery_point: int,
         high_watermark: int,
         clock: Clock,
+        leader_epochs: LeaderEpochCache,
+        topic_id: uuid.UUID | None = None,
     ) -> None:
         assert segments, "a log always has a head segment"
         self.directory = directory
@@ -115,6 +128,8 @@ class PartitionLog:
         self.high_watermark = high_watermark
         self._unflushed_records = 0
         self._last_flush_ms = clock()
+        self.leader_epochs = leader_epochs
+        self.topic_id = topic_id
 
     # Opening ---------------------------------------------------------------------------
 
@@ -135,8 +150,13 @@ class PartitionLog:
         After an unclean shutdown every segment holding offsets at or above
         `recovery_point` is validated batch by batch; the log is cut after the last valid
         batch and any later segment is deleted. Segments wholly below `log_start_offset`
-        (left by a crash during retention) are deleted."""
+        (left by a crash during retention) are deleted. The leader epoch cache is then cut
+        to the log as it stands (a crash may have lost records an epoch entry points at).
+        A malformed leader-epoch-checkpoint or partition.metadata raises StorageError."""
         directory.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(directory)
+        topic_id = read_partition_metadata(directory)
+        leader_epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_CHECKPOINT)
         now = clock()
         bases = _segment_bases(directory)
         segments: list[LogSegment] = []
@@ -179,6 +199,8 @@ class PartitionLog:
         log_end = segments[-1].next_offset
         start = min(max(log_start_offset, segments[0].base_offset), log_end)
         point = log_end if not clean_shutdown else min(recovery_point, log_end)
+        leader_epochs.truncate_from_end(log_end)
+        leader_epochs.truncate_from_start(start)
         return cls(
             directory,
             config,
@@ -187,6 +209,8 @@ class PartitionLog:
             recovery_point=min(max(point, start), log_end),
             high_watermark=min(max(high_watermark, start), log_end),
             clock=clock,
+            leader_epochs=leader_epochs,
+            topic_id=topic_id,
         )
 
     # State -----------------------------------------------------------------------------
@@ -204,6 +228,26 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return sum(segment.size for segment in self.segments)
 
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest known epoch <= `epoch`, offset where it ends), the
+        log end for the latest epoch; see LeaderEpochCache.end_offset_for for the edges."""
+        with self._lock:
+            return self.leader_epochs.end_offset_for(epoch, self.log_end_offset)
+
+    def set_topic_id(self, topic_id: uuid.UUID) -> None:
+        """Record the topic id in partition.metadata if the log has none yet (a log from
+        before topic ids, or a crash between creating it and writing the file). A log that
+        already names another topic id raises ValueError: the caller should have deleted it."""
+        with self._lock:
+            if self.topic_id == topic_id:
+                return
+            if self.topic_id is not None:
+                raise ValueError(
+                    f"{self.directory} belongs to topic id {self.topic_id}, not {topic_id}"
+                )
+            write_partition_metadata(self.directory, topic_id)
+            self.topic_id = topic_id
+
     def update_high_watermark(self, offset: int) -> int:
         """Move the high watermark, kept within [log start, log end]; returns it."""
         with self._lock:
@@ -217,12 +261,22 @@ class PartitionLog:
     ) -> AppendResult:
         """Validate and append one or more batches. With `assign_offsets` (producer data)
         they take the next offsets; without (a follower) they keep the leader's offsets.
-        A rejected buffer raises a typed error and leaves the log unchanged."""
+        A rejected buffer raises a typed error and leaves the log unchanged.
+
+        A leader's `leader_epoch` (>= 0) newer than the cache's latest starts that epoch at
+        the first offset; a follower's batches start each newer epoch they carry."""
         with self._lock:
             if self._pending:
                 raise ReservationStateError("append while reservations are pending")
             plan = self._plan(buf, leader_epoch, assign_offsets)
             self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp)
+            # Before the write, as Kafka does: an entry whose records a crash lost is cut at
+            # the next open, while records without their epoch entry could not be repaired.
+            if plan.stamp:
+                if leader_epoch > self.leader_epochs.latest_epoch:
+                    self.leader_epochs.assign(leader_epoch, plan.first_offset)
+            elif plan.epoch_starts:
+                self._assign_replicated_epochs(plan.epoch_starts)
             segment = self._segments[-1]
             position = segment.size
             segment.log.append(_iovecs(buf, plan, leader_epoch))
@@ -276,6 +330,8 @@ class PartitionLog:
             region = reservation.buffer[:used]
             try:
                 plan = self._plan(region, leader_epoch, True)
+                if leader_epoch > self.leader_epochs.latest_epoch:
+                    self.leader_epochs.assign(leader_epoch, plan.first_offset)
             except Exception:
                 region.release()
                 self._discard_pending(0)
@@ -327,6 +383,12 @@ class PartitionLog:
                 f"append of {plan.size} bytes exceeds segment.bytes {self.config.segment_bytes}"
             )
         return plan
+
+    def _assign_replicated_epochs(self, epoch_starts: list[tuple[int, int]]) -> None:
+        epochs = self.leader_epochs
+        for epoch, start_offset in epoch_starts:
+            if epoch > epochs.latest_epoch:
+                epochs.assign(epoch, start_offset)
 
     def _appended(self, plan: AppendPlan) -> AppendResult:
         assert self.log_end_offset == plan.last_offset + 1
@@ -486,11 +548,14 @@ class PartitionLog:
             del self._bases[:doomed]
             self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            self.leader_epochs.truncate_from_start(self.log_start_offset)
             return doomed
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch holding offsets >= offset, as a follower does when it diverged
-        from its leader. Pending reservations are discarded."""
+        from its leader. Pending reservations are discarded. Leader epoch entries from the
+        new log end on go too (it may lie below `offset` when that fell inside a batch); a
+        cut at or below the first segment restarts the log and clears them, like Kafka."""
         with self._lock:
             if offset >= self.log_end_offset:
                 return
@@ -505,10 +570,12 @@ class PartitionLog:
             head.truncate_to(offset)
             if self.config.preallocate and head.log.capacity is None:
                 head.log.preallocate(self.config.segment_bytes)
+            self.leader_epochs.truncate_from_end(self.log_end_offset)
             self._after_truncation()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop all data and restart the log, empty, at `offset`."""
+        """Drop all data and restart the log, empty, at `offset`; the leader epoch cache is
+        cleared (the next append says which epoch the new records belong to)."""
         with self._lock:
             self._discard_pending(0)
             self._reset_at(offset)
@@ -520,6 +587,7 @@ class PartitionLog:
         self._segments = [head]
         self._bases = [offset]
         self.log_start_offset = offset
+        self.leader_epochs.clear()
         self._after_truncation()
 
     def _after_truncation(self) -> None:
@@ -568,6 +636,59 @@ def _iovecs(buf: Buffer, plan: AppendPlan, leader_epoch: int) -> list[Buffer]:
             iov.append(_PREFIX.pack(batch.base_offset, batch.size - LOG_OVERHEAD, leader_epoch))
             iov.append(view[start + _PREFIX.size : stop])
     return iov
+
+
+def read_partition_metadata(directory: Path) -> uuid.UUID | None:
+    """The topic id in `directory`'s partition.metadata; None if the file is missing or
+    empty (Kafka creates it empty before the first write)."""
+    path = directory / PARTITION_METADATA
+    try:
+        text = path.read_bytes().decode("ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    if not text.strip():
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        if len(lines) != 2:
+            raise ValueError(f"{len(lines)} lines, expected 2")
+        fields = [line.partition(":") for line in lines]
+        if fields[0][0] != "version" or fields[0][2].strip() != "0":
+            raise ValueError(f"unknown version line {lines[0]!r}")
+        if fields[1][0] != "topic_id":
+            raise ValueError(f"unknown line {lines[1]!r}")
+        return _decode_topic_id(fields[1][2].strip())
+    except ValueError as exc:
+        raise StorageError(f"malformed {path}: {exc}") from exc
+
+
+def write_partition_metadata(directory: Path, topic_id: uuid.UUID) -> None:
+    """Write partition.metadata atomically, byte for byte as Kafka writes it."""
+    path = directory / PARTITION_METADATA
+    text = f"version: 0\ntopic_id: {encode_topic_id(topic_id)}"
+    try:
+        write_atomically(path, text.encode("ascii"))
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc}") from exc
+
+
+def encode_topic_id(topic_id: uuid.UUID) -> str:
+    """Kafka's Uuid.toString: the 16 bytes in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode("ascii")
+
+
+def _decode_topic_id(text: str) -> uuid.UUID:
+    if len(text) != 22:
+        raise ValueError(f"topic id {text!r} is not 22 base64 characters")
+    try:
+        raw = base64.urlsafe_b64decode(text + "==")
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"topic id {text!r} is not URL-safe base64") from exc
+    if len(raw) != 16 or encode_topic_id(uuid.UUID(bytes=raw)) != text:
+        raise ValueError(f"topic id {text!r} is not 16 bytes in URL-safe base64")
+    return uuid.UUID(bytes=raw)
 
 
 def _segment_bases(directory: Path) -> list[int]:

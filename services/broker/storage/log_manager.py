@@ -7,6 +7,9 @@ files that describe them all.
     log-start-offset-checkpoint        first offset still readable in each log
     replication-offset-checkpoint      high watermark of each log
 
+and in each partition directory, beside its segments, `leader-epoch-checkpoint` (see
+leader_epochs.py) and `partition.metadata` (the topic id; see log.py).
+
 The manager does one round of each periodic duty on request (flush what flush.ms says is
 due, apply retention, write checkpoints); the broker's scheduler decides when.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +28,12 @@ from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage.checkpoint import OffsetCheckpointFile
 from services.broker.storage.errors import StorageError
-from services.broker.storage.log import Clock, PartitionLog, wall_clock_ms
+from services.broker.storage.log import (
+    Clock,
+    PartitionLog,
+    wall_clock_ms,
+    write_partition_metadata,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +104,32 @@ class LogManager:
     def get(self, tp: TopicPartition) -> PartitionLog | None:
         return self.logs.get(tp)
 
-    def create(self, tp: TopicPartition, config: LogConfig | None = None) -> PartitionLog:
-        """The log of `tp`, created empty if it does not exist yet."""
+    def create(
+        self,
+        tp: TopicPartition,
+        config: LogConfig | None = None,
+        topic_id: uuid.UUID | None = None,
+    ) -> PartitionLog:
+        """The log of `tp`, created empty if it does not exist yet, with `topic_id` recorded
+        in its partition.metadata when given. An existing log is returned as it is, whatever
+        topic id it records (or none): the caller compares `log.topic_id`, and deletes a log
+        left by an older topic of the same name or adopts one with `set_topic_id`."""
         existing = self.logs.get(tp)
         if existing is not None:
             return existing
         problem = topic_name_error(tp.topic)
         if problem is not None or tp.partition < 0:
             raise ValueError(problem or f"partition {tp.partition} is negative")
+        directory = self.log_dir / str(tp)
+        if topic_id is not None and not directory.exists():
+            # The id goes down before any segment, so a crash never leaves data without it.
+            directory.mkdir()
+            write_partition_metadata(directory, topic_id)
         created = PartitionLog.open(
-            self.log_dir / str(tp), config or self._config_for(tp.topic), clock=self._clock
+            directory, config or self._config_for(tp.topic), clock=self._clock
         )
+        if topic_id is not None:
+            created.set_topic_id(topic_id)  # no-op unless a leftover directory lacked it
         self.logs[tp] = created
         return created
 

@@ -54,6 +54,9 @@ class AppendPlan(NamedTuple):
     max_timestamp: int
     stamp: bool  # False for replicated batches, written exactly as the leader has them
     log_append_time: int  # -1 unless the topic uses LogAppendTime
+    # Replicated batches only: (partition leader epoch, base offset) of each batch whose
+    # epoch is above every earlier one in the buffer, for the leader epoch cache.
+    epoch_starts: list[tuple[int, int]]
 
     @property
     def first_offset(self) -> int:
@@ -77,13 +80,16 @@ def plan_append(
 
     With `assign_offsets` (a producer's data) batches get consecutive offsets from
     `next_offset` and must follow the producer rules; without it (a follower copying its
-    leader) batches keep their offsets, which must not go backwards."""
+    leader) batches keep their offsets, which must not go backwards, and the plan lists
+    where their partition leader epochs rise (`epoch_starts`)."""
     view = memoryview(buf)
     end = len(view)
     if end == 0:
         raise InvalidRecordError("append carries no record batches")
     log_append = config.message_timestamp_type is TimestampType.LOG_APPEND_TIME
     batches: list[BatchPlan] = []
+    epoch_starts: list[tuple[int, int]] = []
+    epoch = -1
     records = 0
     largest_timestamp = NO_TIMESTAMP
     position = 0
@@ -118,6 +124,9 @@ def plan_append(
                 raise InvalidRecordError(
                     f"replicated batch at offset {header.base_offset} is below {next_offset}"
                 )
+            if header.partition_leader_epoch > epoch:
+                epoch = header.partition_leader_epoch
+                epoch_starts.append((epoch, header.base_offset))
             plan = BatchPlan(
                 position,
                 size,
@@ -167,7 +176,9 @@ def plan_append(
         next_offset = plan.last_offset + 1
         position += size
     append_time = now_ms if log_append and assign_offsets else -1
-    return AppendPlan(batches, position, records, largest_timestamp, assign_offsets, append_time)
+    return AppendPlan(
+        batches, position, records, largest_timestamp, assign_offsets, append_time, epoch_starts
+    )
 
 
 def _check_timestamps(smallest: int, largest: int, now_ms: int, config: LogConfig) -> None:
