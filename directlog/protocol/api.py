@@ -41,6 +41,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         FetchResponse,
         ListOffsetsRequest,
         ListOffsetsResponse,
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderEpochResponse,
     )
     from kafka.protocol.metadata import (
         ApiVersionsRequest,
@@ -59,6 +61,7 @@ class ApiKey(IntEnum):
     LIST_OFFSETS = 2
     METADATA = 3
     FIND_COORDINATOR = 10
+    OFFSET_FOR_LEADER_EPOCH = 23
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -95,6 +98,13 @@ APIS: dict[int, Api] = {
         Api(ApiKey.METADATA, MetadataRequest, MetadataResponse, 0, 12),
         Api(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest, FindCoordinatorResponse, 0, 4),
         Api(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
+        Api(
+            ApiKey.OFFSET_FOR_LEADER_EPOCH,
+            OffsetForLeaderEpochRequest,
+            OffsetForLeaderEpochResponse,
+            0,
+            4,
+        ),
         Api(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse, 0, 7),
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
         Api(ApiKey.DESCRIBE_CONFIGS, DescribeConfigsRequest, DescribeConfigsResponse, 0, 4),

@@ -1,8 +1,10 @@
-"""Kafka API handlers of a single broker: request objects in, response objects out.
+"""Kafka API handlers of a broker: request objects in, response objects out.
 
 The server decodes a request with its header and calls `handle`; every handler answers
-per-item failures (a missing topic, a corrupt batch) with the item's Kafka error code and
-goes on with the rest, so one bad partition never fails a whole request.
+per-item failures (a missing topic, a corrupt batch, a partition led elsewhere) with the
+item's Kafka error code and goes on with the rest, so one bad partition never fails a whole
+request. What the cluster looks like comes from the controller's image; topic admin
+requests are carried out by the controller.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ from directlog.records.batch import (
 from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
 from directlog.records.varint import Buffer
-from directlog.topics import TopicPartition
+from directlog.rpc import controller_pb2 as pb
+from services.broker.cluster_metadata import NO_LEADER, ClusterImage
+from services.broker.controller_link import ControllerLink
 from services.broker.error_codes import error_code_for
 from services.broker.fetch_response import Part, PartitionData, TopicData, encode_fetch_response
 from services.broker.metrics import BrokerMetrics
+from services.broker.partition import Partition
+from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
-from services.broker.storage import LogConfig, OffsetOutOfRangeError, PartitionLog
-from services.broker.storage.log_manager import LogManager
-from services.broker.topics import TopicRegistry
+from services.broker.storage import OffsetOutOfRangeError, PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE = 0, 1
 CONFIG_SOURCE_TOPIC, CONFIG_SOURCE_DEFAULT = 1, 5
+IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
 
 
@@ -54,19 +59,18 @@ class KafkaApis:
     def __init__(
         self,
         settings: BrokerSettings,
-        logs: LogManager,
-        topics: TopicRegistry,
+        image: ClusterImage,
+        replicas: ReplicaManager,
+        link: ControllerLink,
         metrics: BrokerMetrics,
-        cluster_id: str,
     ) -> None:
         self.settings = settings
-        self.logs = logs
-        self.topics = topics
+        self.image = image
+        self.replicas = replicas
+        self.link = link
         self.metrics = metrics
-        self.cluster_id = cluster_id
-        self.host = settings.advertised_host or settings.host
-        self.port = settings.port
         self._data_arrived = asyncio.Event()
+        self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
@@ -80,18 +84,20 @@ class KafkaApis:
             ApiKey.CREATE_PARTITIONS: self.create_partitions,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
     async def handle(self, api: Api, header: RequestHeader, request: Any) -> Response:
         return await self._handlers[api.key](request, header)
 
-    def log_for(self, topic: str, partition: int) -> PartitionLog:
-        found = self.logs.get(TopicPartition(topic, partition))
-        if found is None:
-            raise KafkaError(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {partition} of topic {topic!r}"
-            )
-        return found
+    def data_arrived(self) -> None:
+        """Wake long-polling fetches: new records, or a high watermark that moved."""
+        self._data_arrived.set()
+        self._data_arrived = asyncio.Event()
+
+    def image_changed(self) -> None:
+        self._image_changed.set()
+        self._image_changed = asyncio.Event()
 
     # ApiVersions -----------------------------------------------------------------------
 
@@ -117,7 +123,7 @@ class KafkaApis:
     async def produce(self, request: ProduceRequest, header: RequestHeader) -> Response:
         acks = request.acks
         results = []
-        appended = False
+        replicating: list[tuple[PartitionResult, Partition, int, str]] = []
         for topic in request.topic_data:
             partitions = []
             for data in topic.partition_data:
@@ -125,7 +131,7 @@ class KafkaApis:
                 try:
                     if acks not in (0, 1, -1):
                         raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
-                    partition_log = self.log_for(topic.name, data.index)
+                    partition = self.replicas.leader_partition(topic.name, data.index)
                     records: Buffer = data.records if data.records is not None else b""
                     if len(records) > 16 and records[16] < MAGIC:
                         if header.api_version >= 3:
@@ -134,22 +140,23 @@ class KafkaApis:
                                 "produce v3 and later carry only record batches v2",
                             )
                         records = _up_convert(bytes(records))
-                    appended_result = partition_log.append(records)
-                    partition_log.update_high_watermark(partition_log.log_end_offset)
-                    result.base_offset = appended_result.first_offset
-                    result.log_append_time_ms = appended_result.log_append_time
-                    result.log_start_offset = partition_log.log_start_offset
-                    appended = True
-                    self.metrics.produced(topic.name, appended_result.records, appended_result.size)
+                    appended = partition.append_as_leader(records, acks)
+                    result.base_offset = appended.first_offset
+                    result.log_append_time_ms = appended.log_append_time
+                    result.log_start_offset = partition.log.log_start_offset
+                    self.metrics.produced(topic.name, appended.records, appended.size)
+                    if acks == -1:
+                        replicating.append(
+                            (result, partition, appended.last_offset, f"{topic.name}-{data.index}")
+                        )
                 except Exception as error:
                     result.error_code, result.error_message = self._item_error(
                         error, "produce", f"{topic.name}-{data.index}"
                     )
                 partitions.append(result)
             results.append((topic.name, partitions))
-        if appended:
-            self._data_arrived.set()
-            self._data_arrived = asyncio.Event()
+        if replicating:
+            await self._wait_replicated(replicating, request.timeout_ms / 1000)
         if acks == 0:
             failed = [(name, p.index) for name, parts in results for p in parts if p.error_code]
             if failed:
@@ -157,6 +164,20 @@ class KafkaApis:
                 raise CloseConnectionError(f"acks=0 produce failed for {failed}")
             return None
         return [encode_produce_response(header.api_version, results)]
+
+    async def _wait_replicated(
+        self, waiting: list[tuple[PartitionResult, Partition, int, str]], timeout: float
+    ) -> None:
+        """acks=-1: every appended partition's records reach its ISR, or the partition's
+        answer becomes the reason they did not."""
+        outcomes = await asyncio.gather(
+            *(partition.wait_replicated(last, timeout) for _, partition, last, _ in waiting),
+            return_exceptions=True,
+        )
+        for (result, _, _, item), outcome in zip(waiting, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                result.error_code, result.error_message = self._item_error(outcome, "produce", item)
+                result.base_offset = -1
 
     def _item_error(self, error: BaseException, api: str, item: str) -> tuple[ErrorCode, str]:
         """The Kafka error code answering one failed item (a partition, a topic, a config
@@ -195,17 +216,19 @@ class KafkaApis:
     def _read_fetch(
         self, request: Any, version: int, max_bytes: int
     ) -> tuple[list[TopicData], int, bool]:
+        replica = _replica_id(request, version)
+        now = now_ms()
         topics: list[TopicData] = []
         total = 0
         failed = False
         for fetch_topic in request.topics:
             if version >= 13:
-                known = self.topics.by_id(fetch_topic.topic_id)
+                known = self.image.topic_by_id(fetch_topic.topic_id)
                 name = known.name if known else ""
                 topic_id = fetch_topic.topic_id
             else:
                 name = fetch_topic.topic
-                known = self.topics.get(name)
+                known = self.image.topic(name)
                 topic_id = known.topic_id if known else uuid.UUID(int=0)
             partitions = []
             for wanted in fetch_topic.partitions:
@@ -218,14 +241,22 @@ class KafkaApis:
                             else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         )
                         raise KafkaError(code, f"unknown topic {name or topic_id}")
-                    partition_log = self.log_for(name, wanted.partition)
+                    partition = self.replicas.leader_partition(
+                        name, wanted.partition, wanted.current_leader_epoch if version >= 9 else -1
+                    )
+                    partition_log = partition.log
+                    if replica >= 0:
+                        partition.follower_fetched(replica, wanted.fetch_offset, now)
+                        upper = partition_log.log_end_offset
+                    else:
+                        upper = partition_log.high_watermark
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
                     budget = min(wanted.partition_max_bytes, max_bytes - total)
                     read = partition_log.read(
                         wanted.fetch_offset,
                         max(budget, 0),
-                        upper_offset=partition_log.high_watermark,
+                        upper_offset=upper,
                         min_one_batch=total == 0,
                     )
                     data.records = read.records
@@ -251,10 +282,15 @@ class KafkaApis:
         for topic in request.topics:
             partitions = []
             for wanted in topic.partitions:
-                code, offset, timestamp = ErrorCode.NONE, -1, -1
+                code, offset, timestamp, epoch = ErrorCode.NONE, -1, -1, -1
                 try:
-                    partition_log = self.log_for(topic.name, wanted.partition_index)
-                    offset, timestamp = self._offset_for(partition_log, wanted.timestamp)
+                    partition = self.replicas.leader_partition(
+                        topic.name,
+                        wanted.partition_index,
+                        wanted.current_leader_epoch if header.api_version >= 4 else -1,
+                    )
+                    offset, timestamp = self._offset_for(partition.log, wanted.timestamp)
+                    epoch = partition.leader_epoch
                 except Exception as error:
                     code, _ = self._item_error(
                         error, "list_offsets", f"{topic.name}-{wanted.partition_index}"
@@ -266,7 +302,7 @@ class KafkaApis:
                         old_style_offsets=[offset] if offset >= 0 else [],
                         timestamp=timestamp,
                         offset=offset,
-                        leader_epoch=0,
+                        leader_epoch=epoch,
                     )
                 )
             topics.append(response.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
@@ -294,20 +330,24 @@ class KafkaApis:
         response = APIS[ApiKey.METADATA].response
         version = header.api_version
         if request.topics is None or (version == 0 and not request.topics):
-            wanted_topics: list[str | uuid.UUID] = sorted(self.topics.topics)
+            wanted_topics: list[str | uuid.UUID] = sorted(self.image.topics)
         else:
             wanted_topics = []
             for wanted in request.topics:
                 if wanted.name is None and version >= 10:
-                    known = self.topics.by_id(wanted.topic_id)
+                    known = self.image.topic_by_id(wanted.topic_id)
                     wanted_topics.append(known.name if known else wanted.topic_id)
                 else:
                     wanted_topics.append(wanted.name)
         allow_create = self.settings.auto_create_topics and (
             version < 4 or request.allow_auto_topic_creation
         )
+        missing = [n for n in wanted_topics if isinstance(n, str) and self.image.topic(n) is None]
+        created: dict[str, ErrorCode] = {}
+        if allow_create and missing:
+            created = await self._auto_create(missing)
         topics = [
-            self._topic_metadata(response, name, allow_create)
+            self._topic_metadata(response, name, created)
             if isinstance(name, str)
             else response.MetadataResponseTopic(  # an id no topic has (any more)
                 error_code=ErrorCode.UNKNOWN_TOPIC_ID,
@@ -323,44 +363,69 @@ class KafkaApis:
             throttle_time_ms=0,
             brokers=[
                 response.MetadataResponseBroker(
-                    node_id=self.settings.node_id, host=self.host, port=self.port, rack=None
+                    node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack
                 )
+                for b in self.image.live_brokers()
             ],
-            cluster_id=self.cluster_id,
-            controller_id=self.settings.node_id,
+            cluster_id=self.image.cluster_id,
+            controller_id=self.settings.node_id,  # admin requests sent here reach the controller
             topics=topics,
             authorized_operations=None,
             error_code=0,
         )
 
-    def _topic_metadata(self, response: Any, name: str, allow_create: bool) -> Any:
-        topic = self.topics.get(name)
+    async def _auto_create(self, names: list[str]) -> dict[str, ErrorCode]:
+        """Create topics a client asked about (auto.create.topics.enable): LEADER_NOT_AVAILABLE
+        while they come up, as Kafka answers, or the reason they cannot exist."""
+        outcome: dict[str, ErrorCode] = {}
+        try:
+            reply = await self._controller_topics(
+                lambda s: s.CreateTopics,
+                pb.CreateTopicsRequest(
+                    topics=[
+                        pb.NewTopic(name=n, partitions=-1, replication_factor=-1) for n in names
+                    ]
+                ),
+                self._created,
+            )
+        except KafkaError as error:
+            self.metrics.request_error("metadata", error.code)
+            return dict.fromkeys(names, ErrorCode.LEADER_NOT_AVAILABLE)
+        for result in reply.results:
+            code = ErrorCode(result.error_code)
+            if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.info("created topic %s on first use", result.name)
+                outcome[result.name] = ErrorCode.NONE
+            else:
+                self.metrics.request_error("metadata", code)
+                outcome[result.name] = code
+        return outcome
+
+    def _topic_metadata(self, response: Any, name: str, created: dict[str, ErrorCode]) -> Any:
+        topic = self.image.topic(name)
         code = ErrorCode.NONE
         if topic is None:
-            try:
-                if not allow_create:
-                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
-                topic = self.topics.create(name, self.settings.default_partitions, {}, self.logs)
-                log.info("created topic %s with %d partitions on first use", name, topic.partitions)
-            except Exception as error:
-                code, _ = self._item_error(error, "metadata", f"topic {name!r}")
-        node = self.settings.node_id
-        partitions = (
-            []
-            if topic is None
-            else [
+            code = created.get(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            if code is ErrorCode.NONE:
+                code = ErrorCode.LEADER_NOT_AVAILABLE
+            if code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                self.metrics.request_error("metadata", code)
+        live = {b.broker_id for b in self.image.live_brokers()}
+        partitions = []
+        for index, info in sorted(topic.partitions.items()) if topic else ():
+            partitions.append(
                 response.MetadataResponseTopic.MetadataResponsePartition(
-                    error_code=0,
+                    error_code=ErrorCode.LEADER_NOT_AVAILABLE
+                    if info.leader == NO_LEADER
+                    else ErrorCode.NONE,
                     partition_index=index,
-                    leader_id=node,
-                    leader_epoch=0,
-                    replica_nodes=[node],
-                    isr_nodes=[node],
-                    offline_replicas=[],
+                    leader_id=info.leader,
+                    leader_epoch=info.leader_epoch,
+                    replica_nodes=list(info.replicas),
+                    isr_nodes=list(info.isr),
+                    offline_replicas=[r for r in info.replicas if r not in live],
                 )
-                for index in range(topic.partitions)
-            ]
-        )
+            )
         return response.MetadataResponseTopic(
             error_code=code,
             name=name,
@@ -401,61 +466,160 @@ class KafkaApis:
             error_code=0,
             error_message=None,
             endpoint_type=1,
-            cluster_id=self.cluster_id,
+            cluster_id=self.image.cluster_id,
             controller_id=self.settings.node_id,
             brokers=[
                 response.DescribeClusterBroker(
-                    broker_id=self.settings.node_id, host=self.host, port=self.port, rack=None
+                    broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack
                 )
+                for b in self.image.live_brokers()
             ],
             authorized_operations=None,
         )
 
-    # Topic administration --------------------------------------------------------------
+    # OffsetForLeaderEpoch --------------------------------------------------------------
+
+    async def offset_for_leader_epoch(self, request: Any, header: RequestHeader) -> Response:
+        """Where a leader epoch ends in the leader's log: followers cut a divergent tail with
+        it, consumers check their position after a leader change."""
+        response = APIS[ApiKey.OFFSET_FOR_LEADER_EPOCH].response
+        answer = response.OffsetForLeaderTopicResult.EpochEndOffset
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for wanted in topic.partitions:
+                code, epoch, end = ErrorCode.NONE, -1, -1
+                try:
+                    partition = self.replicas.leader_partition(
+                        topic.topic,
+                        wanted.partition,
+                        wanted.current_leader_epoch if header.api_version >= 2 else -1,
+                    )
+                    epoch, end = partition.log.end_offset_for_epoch(wanted.leader_epoch)
+                except Exception as error:
+                    code, _ = self._item_error(
+                        error, "offset_for_leader_epoch", f"{topic.topic}-{wanted.partition}"
+                    )
+                partitions.append(
+                    answer(
+                        error_code=code,
+                        partition=wanted.partition,
+                        leader_epoch=epoch,
+                        end_offset=end,
+                    )
+                )
+            topics.append(
+                response.OffsetForLeaderTopicResult(topic=topic.topic, partitions=partitions)
+            )
+        return response(throttle_time_ms=0, topics=topics)
+
+    # Topic administration: carried out by the controller ---------------------------------
+
+    async def _controller_topics(
+        self, method: Any, request: Any, settled: Callable[[Any], bool]
+    ) -> Any:
+        """Send an admin request to the controller; once it answers, wait (bounded) until
+        the image shows the outcome, so the client's next Metadata request sees it."""
+        reply = await self.link.call(method, request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + IMAGE_WAIT_SECONDS
+        while not settled(reply):
+            changed = self._image_changed
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                break
+        return reply
+
+    def _created(self, reply: Any) -> bool:
+        return all(
+            r.error_code or self.image.topic_by_id(uuid.UUID(bytes=r.topic_id)) is not None
+            for r in reply.results
+        )
+
+    def _deleted(self, reply: Any) -> bool:
+        return all(
+            r.error_code or self.image.topic_by_id(uuid.UUID(bytes=r.topic_id)) is None
+            for r in reply.results
+        )
+
+    def _answers(self, reply: Any, api: str) -> dict[str, tuple[ErrorCode, str | None, Any]]:
+        """Per topic name: (error code, message, result), each error counted and logged once."""
+        out = {}
+        for result in reply.results:
+            code = ErrorCode(result.error_code)
+            message = result.error_message or None
+            if code is not ErrorCode.NONE:
+                self._item_error(KafkaError(code, message or code.name), api, result.name)
+            out[result.name] = (code, message, result)
+        return out
 
     async def create_topics(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.CREATE_TOPICS].response
-        validate_only = header.api_version >= 1 and request.validate_only
+        validate_only = bool(header.api_version >= 1 and request.validate_only)
         results = []
+        answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
+        wanted_topics = []
         for wanted in request.topics:
-            code, message, topic_id = ErrorCode.NONE, None, uuid.UUID(int=0)
-            partitions = (
-                wanted.num_partitions
-                if wanted.num_partitions != -1
-                else self.settings.default_partitions
+            if wanted.assignments:
+                code = ErrorCode.INVALID_REQUEST
+                self._item_error(
+                    KafkaError(code, "manual replica assignment"), "create_topics", wanted.name
+                )
+                answers[wanted.name] = (code, "manual replica assignment is not supported", None)
+                continue
+            wanted_topics.append(
+                pb.NewTopic(
+                    name=wanted.name,
+                    partitions=wanted.num_partitions,
+                    replication_factor=wanted.replication_factor,
+                    configs={c.name: c.value for c in wanted.configs if c.value is not None},
+                )
             )
-            configs = {c.name: c.value for c in wanted.configs}
-            try:
-                if wanted.assignments:
-                    raise KafkaError(
-                        ErrorCode.INVALID_REQUEST, "manual replica assignment is not supported"
-                    )
-                if wanted.replication_factor not in (-1, 1):
-                    raise KafkaError(
-                        ErrorCode.INVALID_REPLICATION_FACTOR,
-                        f"replication factor {wanted.replication_factor}; the cluster has 1 broker",
-                    )
-                if validate_only:
-                    self.topics.validate_new(wanted.name, partitions, configs)
-                else:
-                    topic_id = self.topics.create(
-                        wanted.name, partitions, configs, self.logs
-                    ).topic_id
-            except Exception as error:
-                code, message = self._item_error(error, "create_topics", f"topic {wanted.name!r}")
+        if wanted_topics:
+            reply = await self._admin(
+                lambda s: s.CreateTopics,
+                pb.CreateTopicsRequest(topics=wanted_topics, validate_only=validate_only),
+                self._created,
+                [t.name for t in wanted_topics],
+            )
+            answers.update(self._answers(reply, "create_topics"))
+        for wanted in request.topics:
+            code, message, result = answers[wanted.name]
+            ok = code is ErrorCode.NONE and result is not None
             results.append(
                 response.CreatableTopicResult(
                     name=wanted.name,
-                    topic_id=topic_id,
+                    topic_id=uuid.UUID(bytes=result.topic_id)
+                    if ok and len(result.topic_id) == 16
+                    else uuid.UUID(int=0),
                     error_code=code,
                     error_message=message,
                     topic_config_error_code=0,
-                    num_partitions=partitions if code == 0 else -1,
-                    replication_factor=1 if code == 0 else -1,
+                    num_partitions=result.partitions if ok else -1,
+                    replication_factor=result.replication_factor if ok else -1,
                     configs=[],
                 )
             )
         return response(throttle_time_ms=0, topics=results)
+
+    async def _admin(
+        self, method: Any, request: Any, settled: Callable[[Any], bool], names: list[str]
+    ) -> Any:
+        """`_controller_topics`, with a controller that cannot be reached answered for every
+        topic of the request (REQUEST_TIMED_OUT; clients retry)."""
+        try:
+            return await self._controller_topics(method, request, settled)
+        except KafkaError as error:
+            return pb.TopicsReply(
+                results=[
+                    pb.TopicResult(name=n, error_code=error.code, error_message=str(error))
+                    for n in names
+                ]
+            )
 
     async def delete_topics(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.DELETE_TOPICS].response
@@ -463,48 +627,65 @@ class KafkaApis:
             wanted = [(t.name, t.topic_id) for t in request.topics]
         else:
             wanted = [(name, None) for name in request.topic_names]
+        refs = [
+            pb.TopicRef(name=name or "", topic_id=topic_id.bytes if name is None else b"")
+            for name, topic_id in wanted
+        ]
+        reply = await self._admin(
+            lambda s: s.DeleteTopics,
+            pb.DeleteTopicsRequest(topics=refs),
+            self._deleted,
+            [name or str(topic_id) for name, topic_id in wanted],
+        )
         results = []
-        for name, topic_id in wanted:
-            code, message = ErrorCode.NONE, None
-            try:
-                if name is None:
-                    known = self.topics.by_id(topic_id)
-                    if known is None:
-                        raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID, f"no topic with id {topic_id}")
-                    name = known.name
-                topic_id = self.topics.delete(name, self.logs).topic_id
-            except Exception as error:
-                code, message = self._item_error(error, "delete_topics", f"topic {name!r}")
+        for (name, topic_id), result in zip(wanted, reply.results, strict=True):
+            code = ErrorCode(result.error_code)
+            if code is not ErrorCode.NONE:
+                self._item_error(
+                    KafkaError(code, result.error_message), "delete_topics", result.name
+                )
             results.append(
                 response.DeletableTopicResult(
-                    name=name,
-                    topic_id=topic_id or uuid.UUID(int=0),
+                    name=result.name or name,
+                    topic_id=uuid.UUID(bytes=result.topic_id)
+                    if len(result.topic_id) == 16
+                    else (topic_id or uuid.UUID(int=0)),
                     error_code=code,
-                    error_message=message,
+                    error_message=result.error_message or None,
                 )
             )
         return response(throttle_time_ms=0, responses=results)
 
     async def create_partitions(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.CREATE_PARTITIONS].response
-        results = []
-        for wanted in request.topics:
-            code, message = ErrorCode.NONE, None
-            try:
-                if request.validate_only:
-                    self.topics.check_partition_increase(wanted.name, wanted.count)
-                else:
-                    self.topics.add_partitions(wanted.name, wanted.count, self.logs)
-            except Exception as error:
-                code, message = self._item_error(
-                    error, "create_partitions", f"topic {wanted.name!r}"
-                )
-            results.append(
-                response.CreatePartitionsTopicResult(
-                    name=wanted.name, error_code=code, error_message=message
-                )
+        wanted = {t.name: t.count for t in request.topics}
+
+        def grown(reply: Any) -> bool:
+            return all(
+                r.error_code
+                or len(getattr(self.image.topic(r.name), "partitions", {})) >= wanted[r.name]
+                for r in reply.results
             )
-        return response(throttle_time_ms=0, results=results)
+
+        reply = await self._admin(
+            lambda s: s.CreatePartitions,
+            pb.CreatePartitionsRequest(
+                topics=[pb.PartitionIncrease(name=n, count=c) for n, c in wanted.items()],
+                validate_only=bool(request.validate_only),
+            ),
+            grown,
+            list(wanted),
+        )
+        answers = self._answers(reply, "create_partitions")
+        return response(
+            throttle_time_ms=0,
+            results=[
+                response.CreatePartitionsTopicResult(
+                    name=t.name, error_code=answers[t.name][0], error_message=answers[t.name][1]
+                )
+                for t in request.topics
+            ],
+        )
 
     # Configs ---------------------------------------------------------------------------
 
@@ -553,10 +734,10 @@ class KafkaApis:
 
     def _config_values(self, resource_type: int, name: str) -> tuple[dict[str, str], set[str]]:
         if resource_type == TOPIC_RESOURCE:
-            topic = self.topics.get(name)
+            topic = self.image.topic(name)
             if topic is None:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
-            return self.topics.config_for(name).to_properties(), set(topic.configs)
+            return self.image.config_for(name).to_properties(), set(topic.configs)
         if resource_type == BROKER_RESOURCE:
             if name not in ("", str(self.settings.node_id)):
                 raise KafkaError(
@@ -564,13 +745,14 @@ class KafkaApis:
                 )
             values = {
                 f"log.{k}" if not k.startswith("log.") else k: v
-                for k, v in self.topics.defaults.to_properties().items()
+                for k, v in self.image.log_defaults.to_properties().items()
             }
             values.update(
                 {
                     "auto.create.topics.enable": str(self.settings.auto_create_topics).lower(),
-                    "num.partitions": str(self.settings.default_partitions),
                     "broker.id": str(self.settings.node_id),
+                    "broker.rack": self.settings.rack or "",
+                    "replica.lag.time.max.ms": str(self.settings.replica_lag_time_max_ms),
                     "socket.request.max.bytes": str(self.settings.socket_request_max_bytes),
                 }
             )
@@ -581,44 +763,76 @@ class KafkaApis:
 
     async def incremental_alter_configs(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.INCREMENTAL_ALTER_CONFIGS].response
-        results = []
+        answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
+        alterations = []
         for resource in request.resources:
-            code, message = ErrorCode.NONE, None
             try:
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered")
-                topic = self.topics.get(resource.resource_name)
-                if topic is None:
-                    raise KafkaError(
-                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {resource.resource_name!r}"
-                    )
-                configs = dict(topic.configs)
+                alteration = pb.ConfigAlteration(name=resource.resource_name)
                 for change in resource.configs:
                     if change.config_operation == SET:
-                        configs[change.name] = change.value or ""
+                        alteration.set[change.name] = change.value or ""
                     elif change.config_operation == DELETE:
-                        configs.pop(change.name, None)
+                        alteration.delete.append(change.name)
                     else:
                         raise KafkaError(
                             ErrorCode.INVALID_CONFIG,
                             f"{change.name}: APPEND and SUBTRACT apply to list configs only",
                         )
-                LogConfig.from_properties(configs, self.topics.defaults)
-                if not request.validate_only:
-                    self.topics.set_configs(topic.name, configs, self.logs)
+                alterations.append(alteration)
             except Exception as error:
                 code, message = self._item_error(
                     error, "incremental_alter_configs", f"resource {resource.resource_name!r}"
                 )
-            results.append(
-                response.AlterConfigsResourceResponse(
-                    error_code=code,
-                    error_message=message,
-                    resource_type=resource.resource_type,
-                    resource_name=resource.resource_name,
-                )
+                answers[resource.resource_name] = (code, message, None)
+        if alterations:
+            expected = {a.name: a for a in alterations}
+
+            def applied(reply: Any) -> bool:
+                return all(r.error_code or self._shows(expected[r.name]) for r in reply.results)
+
+            reply = await self._admin(
+                lambda s: s.AlterConfigs,
+                pb.AlterConfigsRequest(
+                    topics=alterations, validate_only=bool(request.validate_only)
+                ),
+                applied if not request.validate_only else (lambda reply: True),
+                list(expected),
             )
-        return response(throttle_time_ms=0, responses=results)
+            answers.update(self._answers(reply, "incremental_alter_configs"))
+        return response(
+            throttle_time_ms=0,
+            responses=[
+                response.AlterConfigsResourceResponse(
+                    error_code=answers[r.resource_name][0],
+                    error_message=answers[r.resource_name][1],
+                    resource_type=r.resource_type,
+                    resource_name=r.resource_name,
+                )
+                for r in request.resources
+            ],
+        )
+
+    def _partition_count(self, name: str) -> int:
+        topic = self.image.topic(name)
+        return len(topic.partitions) if topic is not None else 0
+
+    def _shows(self, alteration: pb.ConfigAlteration) -> bool:
+        topic = self.image.topic(alteration.name)
+        return (
+            topic is not None
+            and all(topic.configs.get(k) == v for k, v in alteration.set.items())
+            and not any(k in topic.configs for k in alteration.delete)
+        )
+
+
+def _replica_id(request: Any, version: int) -> int:
+    """The broker id of a follower's fetch; -1 for a consumer."""
+    if version >= 15:
+        state = request.replica_state
+        return int(state.replica_id) if state is not None else -1
+    return int(request.replica_id)
 
 
 def _up_convert(message_set: bytes) -> bytes:

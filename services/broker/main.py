@@ -1,4 +1,8 @@
-"""`python -m services.broker` / `directlog-broker`: run one broker in the foreground."""
+"""`python -m services.broker` / `directlog-broker`: run one broker in the foreground.
+
+The broker binds its Kafka port, registers with the controller, and starts answering
+clients once it holds the controller's cluster image.
+"""
 
 from __future__ import annotations
 
@@ -7,79 +11,150 @@ import asyncio
 import logging
 import signal
 import sys
-import uuid
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
 from directlog import heap
-from directlog.topics import TopicPartition
+from directlog.rpc import controller_pb2 as pb
+from directlog.topic_config import LogConfig
 from services.broker.apis import KafkaApis
+from services.broker.cluster_metadata import ClusterImage
+from services.broker.controller_link import ControllerLink
 from services.broker.metrics import BrokerMetrics
+from services.broker.replica_fetcher import FetchSettings
+from services.broker.replica_manager import ReplicaManager
 from services.broker.server import KafkaServer
 from services.broker.settings import BrokerSettings
-from services.broker.storage import LogConfig
 from services.broker.storage.log_manager import LogManager
-from services.broker.topics import TopicRegistry
 
 log = logging.getLogger("directlog.broker")
 
 
-def cluster_id(data_dir: Path) -> str:
-    """The cluster id kept in `meta.properties` (Kafka's file), made on first start."""
+class ClusterIdMismatchError(RuntimeError):
+    """The data directory belongs to another cluster (Kafka: InconsistentClusterIdException)."""
+
+
+def check_cluster_id(data_dir: Path, cluster_id: str) -> None:
+    """Keep the cluster id in `meta.properties` (Kafka's file); refuse a data directory
+    written for another cluster, whose logs the image would otherwise delete as strays."""
     meta = data_dir / "meta.properties"
     if meta.exists():
         for line in meta.read_text(encoding="utf-8").splitlines():
             if line.startswith("cluster.id="):
-                return line.split("=", 1)[1].strip()
-    new_id = uuid.uuid4().hex[:22]
-    meta.write_text(f"version=1\ncluster.id={new_id}\n", encoding="utf-8")
-    return new_id
+                found = line.split("=", 1)[1].strip()
+                if found != cluster_id:
+                    raise ClusterIdMismatchError(
+                        f"{data_dir} holds data of cluster {found}, not of {cluster_id}"
+                    )
+                return
+    meta.write_text(f"version=1\ncluster.id={cluster_id}\n", encoding="utf-8")
 
 
 async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     defaults = LogConfig.from_properties(settings.log_defaults)
-    topics = TopicRegistry(settings.data_dir / "topics.json", defaults)
-    logs = LogManager.open(settings.data_dir, topics.config_for)
-    for topic in topics.topics.values():
-        for index in range(topic.partitions):
-            logs.create(TopicPartition(topic.name, index), topics.config_for(topic.name))
+    image = ClusterImage(defaults)
+    logs = LogManager.open(settings.data_dir, image.config_for)
     metrics = BrokerMetrics()
     metrics.watch_logs(logs)
     metrics_port = metrics.serve(settings.host, settings.metrics_port)
-    apis = KafkaApis(settings, logs, topics, metrics, cluster_id(settings.data_dir))
-    server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
-    apis.port = await server.start(settings.host, settings.port)
-    print(
-        f"Directlog broker {settings.node_id} ready\n"
-        f"  bootstrap servers  {apis.host}:{apis.port}\n"
-        f"  metrics            http://{settings.host}:{metrics_port}/metrics\n"
-        f"  data               {settings.data_dir.resolve()}\n"
-        f"  stop with Ctrl-C",
-        flush=True,
+    loop = asyncio.get_running_loop()
+    failure: asyncio.Future[None] = loop.create_future()  # a broker that cannot follow
+    fetch = FetchSettings(
+        settings.node_id,
+        settings.replica_fetch_wait_max_ms,
+        settings.replica_fetch_max_bytes,
+        settings.replica_fetch_backoff_ms,
     )
-    heap.settle()
+    replicas = ReplicaManager(
+        settings.node_id, logs, image, fetch, lambda: apis.data_arrived(), metrics
+    )
+    metrics.watch_replicas(replicas)
+
+    def apply(update: pb.MetadataUpdate) -> None:
+        try:
+            change = image.apply(update)
+            if change is None:
+                return
+            check_cluster_id(settings.data_dir, image.cluster_id)
+            replicas.apply(change)
+            apis.image_changed()
+        except Exception as error:  # the image must not serve
+            if not failure.done():
+                failure.set_exception(error)
+
+    host = settings.advertised_host or settings.host
+    link = ControllerLink(
+        settings.controllers,
+        settings.node_id,
+        [],
+        settings.rack,
+        settings.heartbeat_interval_ms / 1000,
+        apply,
+    )
+    apis = KafkaApis(settings, image, replicas, link, metrics)
+    replicas.link = link
+    server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
+    port = server.listen(settings.host, settings.port)
+    link.listeners = [pb.Listener(name="PLAINTEXT", host=host, port=port)]
+    link.start()
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
-    housekeeping = asyncio.get_running_loop().create_task(_housekeeping(logs, settings, fsyncs))
+    housekeeping = loop.create_task(_housekeeping(logs, replicas, settings, fsyncs))
     try:
-        await stop.wait()
+        await _first(link.first_image, stop, failure)
+        if not stop.is_set():
+            server.serve()
+            print(
+                f"Directlog broker {settings.node_id} ready\n"
+                f"  bootstrap servers  {host}:{port}\n"
+                f"  metrics            http://{settings.host}:{metrics_port}/metrics\n"
+                f"  controllers        {','.join(settings.controllers)}\n"
+                f"  data               {settings.data_dir.resolve()}\n"
+                f"  stop with Ctrl-C",
+                flush=True,
+            )
+            heap.settle()
+            await _first(stop, stop, failure)
     finally:
         log.info("stopping")
         housekeeping.cancel()
+        await link.close()
+        await replicas.close()
         await server.close()
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")
 
 
-async def _housekeeping(logs: LogManager, settings: BrokerSettings, fsyncs: Executor) -> None:
-    """flush.ms, retention and checkpoints, off the request path (fsyncs on their thread)."""
+async def _first(event: asyncio.Event, stop: asyncio.Event, failure: asyncio.Future[None]) -> None:
+    """Until `event` or `stop` is set; raises what `failure` holds if it fails first."""
+    waits: list[asyncio.Future[Any]] = [
+        asyncio.ensure_future(event.wait()),
+        asyncio.ensure_future(stop.wait()),
+    ]
+    try:
+        await asyncio.wait([*waits, failure], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    if failure.done():
+        failure.result()
+
+
+async def _housekeeping(
+    logs: LogManager, replicas: ReplicaManager, settings: BrokerSettings, fsyncs: Executor
+) -> None:
+    """flush.ms, retention, checkpoints (fsyncs on their thread) and ISR shrinking, off the
+    request path."""
     loop = asyncio.get_running_loop()
+    interval = min(settings.housekeeping_interval_ms, settings.replica_lag_time_max_ms // 2)
     while True:
-        await asyncio.sleep(settings.housekeeping_interval_ms / 1000)
+        await asyncio.sleep(interval / 1000)
         try:
+            replicas.shrink_isrs(settings.replica_lag_time_max_ms)
             logs.enforce_retention()
             await loop.run_in_executor(fsyncs, logs.flush_due)
             await loop.run_in_executor(fsyncs, logs.checkpoint)
@@ -95,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int)
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--controllers", help="comma-separated host:port of the controllers")
+    parser.add_argument("--rack")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -108,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         data_dir=args.data_dir,
         metrics_port=args.metrics_port,
+        controllers=args.controllers.split(",") if args.controllers else None,
+        rack=args.rack,
     )
 
     async def run() -> None:
@@ -117,4 +196,7 @@ def main(argv: list[str] | None = None) -> None:
             loop.add_signal_handler(signum, stop.set)
         await run_broker(settings, stop)
 
-    uvloop.run(run())
+    try:
+        uvloop.run(run())
+    except ClusterIdMismatchError as error:
+        sys.exit(f"directlog-broker: {error}")

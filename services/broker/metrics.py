@@ -7,7 +7,7 @@ are read from the logs when Prometheus scrapes, so appends pay nothing for them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -16,6 +16,9 @@ from prometheus_client.registry import Collector
 from directlog.metrics import LATENCY_BUCKETS, serve
 from directlog.protocol.errors import ErrorCode
 from services.broker.storage.log_manager import LogManager
+
+if TYPE_CHECKING:
+    from services.broker.replica_manager import ReplicaManager
 
 
 class BrokerMetrics:
@@ -56,6 +59,17 @@ class BrokerMetrics:
         self.connections = Gauge(
             "directlog_broker_open_connections", "Client connections open", registry=r
         )
+        self.isr_shrinks = Counter(
+            "directlog_broker_isr_shrinks", "ISR shrinks the controller accepted", registry=r
+        )
+        self.isr_expands = Counter(
+            "directlog_broker_isr_expands", "ISR expansions the controller accepted", registry=r
+        )
+        self.leader_elections = Counter(
+            "directlog_broker_leader_elections",
+            "Partitions this broker became leader of (a new leader epoch)",
+            registry=r,
+        )
         self.closed_for_bad_input = Counter(
             "directlog_broker_connections_closed_for_bad_input",
             "Connections closed because their bytes could not be read as Kafka requests",
@@ -77,6 +91,9 @@ class BrokerMetrics:
 
     def watch_logs(self, logs: LogManager) -> None:
         self.registry.register(_LogCollector(lambda: logs))
+
+    def watch_replicas(self, replicas: ReplicaManager) -> None:
+        self.registry.register(_ReplicaCollector(replicas))
 
     def produced(self, topic: str, records: int, size: int) -> None:
         children = self._topic_in.get(topic)
@@ -132,3 +149,35 @@ class _LogCollector(Collector):
             hw.add_metric(key, log.high_watermark)
             size.add_metric(key, log.size_bytes)
         yield from (end, start, hw, size)
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self._replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition"]
+        under = GaugeMetricFamily(
+            "directlog_broker_under_replicated_partitions",
+            "Partitions this broker leads whose ISR lacks some of their replicas",
+        )
+        leading = GaugeMetricFamily(
+            "directlog_broker_leader_partitions", "Partitions this broker leads"
+        )
+        isr = GaugeMetricFamily(
+            "directlog_broker_isr_size", "In-sync replicas of partitions led here", labels=labels
+        )
+        lag = GaugeMetricFamily(
+            "directlog_broker_replica_lag_offsets",
+            "Offsets a followed partition's log trails its leader's high watermark",
+            labels=labels,
+        )
+        led = [p for p in list(self._replicas.partitions.values()) if p.is_leader]
+        under.add_metric([], sum(1 for p in led if len(p.info.isr) < len(p.info.replicas)))
+        leading.add_metric([], len(led))
+        for p in led:
+            isr.add_metric([p.tp.topic, str(p.tp.partition)], len(p.info.isr))
+        for fetcher in list(self._replicas.fetchers.values()):
+            for tp, state in list(fetcher.partitions.items()):
+                lag.add_metric([tp.topic, str(tp.partition)], state.lag)
+        yield from (under, leading, isr, lag)

@@ -42,13 +42,17 @@ class KafkaServer:
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (0 picks a free port); returns the port."""
+    def listen(self, host: str, port: int) -> int:
+        """Bind host:port (0 picks a free port) and return the port; connections wait in
+        the backlog until `serve`, so the port can be registered before clients come."""
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         listener.setblocking(False)
         self._listener = listener
-        self._spawn(self._accept_loop(listener))
         return int(listener.getsockname()[1])
+
+    def serve(self) -> None:
+        assert self._listener is not None, "listen first"
+        self._spawn(self._accept_loop(self._listener))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

@@ -23,8 +23,15 @@ class BrokerSettings(ServiceSettings):
     advertised_host: str | None = None  # what Metadata tells clients; host if unset
     data_dir: Path = Path("data")
     metrics_port: int = Field(9308, ge=0, le=65535)  # 0 picks a free port
+    rack: str | None = None
+    # The controllers, any of them (standbys point to the active one).
+    controllers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9190"], min_length=1)
+    heartbeat_interval_ms: int = Field(1000, ge=10)
     auto_create_topics: bool = True
-    default_partitions: int = Field(1, ge=1)
     socket_request_max_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     log_defaults: dict[str, str] = Field(default_factory=dict)  # topic configs, Kafka names
     housekeeping_interval_ms: int = Field(1000, ge=10)  # flush.ms and retention checks
+    replica_lag_time_max_ms: int = Field(30000, ge=10)  # out of the ISR after this long behind
+    replica_fetch_wait_max_ms: int = Field(500, ge=0)
+    replica_fetch_max_bytes: int = Field(1024 * 1024, ge=1024)
+    replica_fetch_backoff_ms: int = Field(1000, ge=1)

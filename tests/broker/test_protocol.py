@@ -19,14 +19,19 @@ from directlog.frames import FrameReader, FrameTooLargeError, frame
 from directlog.protocol.api import APIS, ApiKey, parse_request_header
 from directlog.records.batch import Record, build_batch
 from directlog.records.errors import CorruptRecordError, RecordError
+from directlog.rpc import controller_pb2 as pb
 from directlog.topics import TopicPartition
 from services.broker.apis import CloseConnectionError, KafkaApis
+from services.broker.cluster_metadata import ClusterImage
+from services.broker.controller_link import ControllerLink
 from services.broker.metrics import BrokerMetrics
+from services.broker.replica_fetcher import FetchSettings
+from services.broker.replica_manager import ReplicaManager
 from services.broker.server import BadRequestError, KafkaServer
 from services.broker.settings import BrokerSettings
 from services.broker.storage import LogConfig
 from services.broker.storage.log_manager import LogManager
-from services.broker.topics import TopicRegistry
+from tests.ports import free_port
 from tests.storage.helpers import tree_digest
 
 with warnings.catch_warnings():
@@ -96,20 +101,57 @@ def test_header_parser_only_raises_typed_errors(raw):
     assert header.size <= len(raw)
 
 
+FUZZ_TOPIC_ID = uuid.UUID(int=77)
+
+
 class InProcessBroker:
-    """Handlers and the request path of a broker over a temporary directory, no sockets."""
+    """Handlers and the request path of broker 0 over a temporary directory, no sockets: the
+    cluster image it would get from a controller is applied directly (topic "fuzz", two
+    partitions led here). No controller runs, so topics are not auto-created."""
 
     def __init__(self, directory: Path) -> None:
-        settings = BrokerSettings(data_dir=directory)
-        defaults = LogConfig()
-        self.topics = TopicRegistry(directory / "topics.json", defaults)
-        self.logs = LogManager.open(directory, self.topics.config_for)
-        self.topics.create("fuzz", 2, {}, self.logs)
+        settings = BrokerSettings(
+            data_dir=directory, auto_create_topics=False, controllers=[f"127.0.0.1:{free_port()}"]
+        )
+        self.image = ClusterImage(LogConfig())
+        self.logs = LogManager.open(directory, self.image.config_for)
+        metrics = BrokerMetrics()
+        replicas = ReplicaManager(
+            0, self.logs, self.image, FetchSettings(0, 10, 1 << 20, 10), lambda: None, metrics
+        )
+        update = pb.MetadataUpdate(
+            version=1,
+            full=True,
+            cluster_id="cluster",
+            controller_id=0,
+            controller_epoch=1,
+            brokers=[
+                pb.Broker(
+                    broker_id=0,
+                    broker_epoch=1,
+                    listeners=[pb.Listener(name="PLAINTEXT", host="127.0.0.1", port=9092)],
+                )
+            ],
+            topics=[
+                pb.TopicState(
+                    name="fuzz",
+                    topic_id=FUZZ_TOPIC_ID.bytes,
+                    partitions=[
+                        pb.PartitionState(partition=i, replicas=[0], leader=0, isr=[0])
+                        for i in range(2)
+                    ],
+                )
+            ],
+        )
+        change = self.image.apply(update)
+        assert change is not None
+        replicas.apply(change)
         log = self.logs.get(TopicPartition("fuzz", 0))
         assert log is not None
         log.append(build_batch([Record(0, 1_700_000_000_000, b"k", b"kept")]))
         log.update_high_watermark(1)
-        apis = KafkaApis(settings, self.logs, self.topics, BrokerMetrics(), "cluster")
+        link = ControllerLink(settings.controllers, 0, [], None, 1.0, lambda update: None)
+        apis = KafkaApis(settings, self.image, replicas, link, metrics)
         self.server = KafkaServer(apis, apis.metrics, max_request_bytes=1 << 20)
 
     def respond(self, raw: bytes):
@@ -260,7 +302,7 @@ def test_unsupported_api_versions_version_gets_the_kip_511_answer():
 def test_metadata_for_an_unknown_topic_id_answers_unknown_topic_id():
     with tempfile.TemporaryDirectory() as name:
         broker = InProcessBroker(Path(name))
-        known = broker.topics.get("fuzz")
+        known = broker.image.topic("fuzz")
         assert known is not None
         missing = uuid.UUID(int=12345)
         request = MetadataRequest(
@@ -277,7 +319,7 @@ def test_metadata_for_an_unknown_topic_id_answers_unknown_topic_id():
         response = MetadataResponse.decode(body[5:], version=12)  # v1 header: id + tag byte
         got = [(t.name, t.topic_id, t.error_code, len(t.partitions)) for t in response.topics]
         assert got == [("fuzz", known.topic_id, 0, 2), (None, missing, 100, 0)]  # UNKNOWN_TOPIC_ID
-        assert broker.topics.get("") is None  # nothing was created for the unknown id
+        assert sorted(broker.image.topics) == ["fuzz"]  # nothing was created for the unknown id
         broker.logs.close()
 
 

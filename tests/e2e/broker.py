@@ -1,11 +1,12 @@
 """Run one Directlog broker as a subprocess for end-to-end tests.
 
-    with BrokerProcess(tmp_path) as broker:
+    with BrokerProcess(tmp_path, controllers="127.0.0.1:9190") as broker:
         Producer({"bootstrap.servers": broker.bootstrap})
 
-The broker runs `python -m services.broker` from the repository root on free ports, with its
-data in `<work dir>/data`; its stdout and stderr go to files in the work directory (never
-to pipes a test could forget to drain), so a failing test can show `stderr_tail()`.
+A broker needs a controller (tests/e2e/cluster.py starts the whole set). It runs
+`python -m services.broker` from the repository root on free ports, with its data in
+`<work dir>/data`; its stdout and stderr go to files in the work directory (never to pipes
+a test could forget to drain), so a failing test can show `stderr_tail()`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,11 +52,18 @@ class BrokerProcess:
         self,
         work_dir: Path,
         *,
+        controllers: str,
+        node_id: int = 0,
+        settings: dict[str, Any] | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
         extra_args: tuple[str, ...] = (),
     ) -> None:
+        """``settings``: BrokerSettings fields, written to a YAML file the broker reads."""
         self.work_dir = Path(work_dir)
+        self.node_id = node_id
+        self.controllers = controllers
+        self.settings = dict(settings or {})
         self.data_dir = self.work_dir / "data"
         self.stderr_path = self.work_dir / "broker-stderr.log"
         self.start_timeout = start_timeout
@@ -86,8 +96,16 @@ class BrokerProcess:
             "0",
             "--data-dir",
             str(self.data_dir),
+            "--node-id",
+            str(self.node_id),
+            "--controllers",
+            self.controllers,
             *self.extra_args,
         ]
+        if self.settings:
+            config = self.work_dir / "broker.yaml"
+            config.write_text(yaml.safe_dump(self.settings), encoding="utf-8")
+            command += ["--config", str(config)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with (
             open(stdout_path, "wb") as stdout,
@@ -144,6 +162,19 @@ class BrokerProcess:
         code = process.returncode
         self.exit_codes.append(code)
         return code
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send `sig`: SIGKILL (a crash) reaps the process; SIGSTOP and SIGCONT pause and
+        resume it."""
+        process = self.process
+        if process is None:
+            return
+        os.kill(process.pid, sig)
+        if sig in (signal.SIGSTOP, signal.SIGCONT):
+            return
+        self.process = None
+        process.wait(self.stop_timeout)
+        self.exit_codes.append(process.returncode)
 
     def restart(self) -> BrokerProcess:
         """Stop cleanly and start again on the same data dir (the ports may change)."""

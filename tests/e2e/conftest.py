@@ -1,9 +1,9 @@
 """End-to-end fixtures: a real broker process and real Kafka clients against it.
 
-`broker` is a fresh broker per test (its own data dir under tmp_path); `module_broker` is
-one broker shared by a module's tests, which then keep to topic names of their own
-(`topic_name`). At teardown each broker is stopped with SIGTERM and must exit 0; a failing
-test gets the broker's stderr tail added to its report.
+`broker` is a fresh single-broker cluster per test (consensus member, controller and
+broker, all under tmp_path); `module_broker` is one shared by a module's tests, which then
+keep to topic names of their own (`topic_name`). At teardown each broker is stopped with
+SIGTERM and must exit 0; a failing test gets the broker's stderr tail added to its report.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.broker import BrokerProcess
+from tests.e2e.cluster import Cluster
 
 RDKAFKA_LOG = logging.getLogger("e2e.librdkafka")
 
@@ -37,22 +39,27 @@ def _stop_checked(broker: BrokerProcess) -> None:
         )
 
 
-@pytest.fixture
-def broker(tmp_path: Any) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path / "broker").start()
+@contextlib.contextmanager
+def single_broker(work_dir: Path) -> Iterator[BrokerProcess]:
+    """A one-broker cluster; yields its broker, checked to stop cleanly."""
+    cluster = Cluster(work_dir).start()
     try:
-        yield process
+        yield cluster.brokers[0]
+        _stop_checked(cluster.brokers[0])
     finally:
-        _stop_checked(process)
+        cluster.stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with single_broker(tmp_path / "cluster") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")
 def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path_factory.mktemp("module-broker")).start()
-    try:
+    with single_broker(tmp_path_factory.mktemp("module-cluster")) as process:
         yield process
-    finally:
-        _stop_checked(process)
 
 
 @pytest.hookimpl(hookwrapper=True)

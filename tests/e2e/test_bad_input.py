@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.broker import BrokerProcess
+from tests.e2e.conftest import single_broker
 from tests.storage.helpers import tree_digest
 
 with warnings.catch_warnings():
@@ -27,7 +28,7 @@ from directlog.records.batch import Record, build_batch
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory):
-    with BrokerProcess(tmp_path_factory.mktemp("bad-input")) as running:
+    with single_broker(tmp_path_factory.mktemp("bad-input")) as running:
         produce(running, "kept", [b"before"])
         yield running
 

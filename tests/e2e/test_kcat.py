@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from tests.e2e.broker import BrokerProcess
+from tests.e2e.conftest import single_broker
 
 KCAT = shutil.which("kcat")  # `make test` installs Debian's kcat when it is missing
 
@@ -23,7 +24,7 @@ def kcat(*args: str, stdin: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory):
-    with BrokerProcess(tmp_path_factory.mktemp("kcat")) as running:
+    with single_broker(tmp_path_factory.mktemp("kcat")) as running:
         yield running
 
 

@@ -1,0 +1,169 @@
+"""The broker's copy of the cluster image: brokers, topics, partition leaders and ISRs.
+
+The active controller streams it (WatchMetadata): a full image, then one delta per committed
+change. Everything a broker answers about the cluster — Metadata, DescribeCluster, which
+partitions it leads or follows — comes from here; nothing about the cluster is decided on a
+broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from directlog.rpc import controller_pb2 as pb
+from directlog.topic_config import LogConfig
+from directlog.topics import TopicPartition
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+    fenced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition: int
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    partition_epoch: int
+
+    @classmethod
+    def from_proto(cls, state: pb.PartitionState) -> PartitionInfo:
+        return cls(
+            state.partition,
+            tuple(state.replicas),
+            state.leader,
+            state.leader_epoch,
+            tuple(state.isr),
+            state.partition_epoch,
+        )
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    configs: dict[str, str]
+    partitions: dict[int, PartitionInfo] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ImageChange:
+    """What one update changed, for the replica manager to act on."""
+
+    full: bool
+    partitions: list[tuple[TopicInfo, PartitionInfo]]  # new or changed
+    deleted: list[TopicInfo]
+    reconfigured: list[TopicInfo]
+
+
+class ClusterImage:
+    def __init__(self, log_defaults: LogConfig) -> None:
+        self.log_defaults = log_defaults
+        self.version = -1
+        self.cluster_id = ""
+        self.controller_id = -1
+        self.controller_epoch = -1
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self._by_id: dict[uuid.UUID, TopicInfo] = {}
+
+    # Applying updates ------------------------------------------------------------------
+
+    def apply(self, update: pb.MetadataUpdate) -> ImageChange | None:
+        """Apply one update; None when it comes from a deposed controller (older epoch)."""
+        if update.controller_epoch < self.controller_epoch:
+            return None
+        self.version = update.version
+        self.cluster_id = update.cluster_id or self.cluster_id
+        self.controller_id = update.controller_id
+        self.controller_epoch = update.controller_epoch
+        self.brokers = {b.broker_id: _broker_info(b) for b in update.brokers}
+        change = ImageChange(update.full, [], [], [])
+        if update.full:
+            wanted = {uuid.UUID(bytes=t.topic_id) for t in update.topics}
+            change.deleted = [t for t in self.topics.values() if t.topic_id not in wanted]
+            for gone in change.deleted:
+                self._remove(gone)
+        for deleted_id in update.deleted_topic_ids:
+            gone_topic = self._by_id.get(uuid.UUID(bytes=deleted_id))
+            if gone_topic is not None:
+                self._remove(gone_topic)
+                change.deleted.append(gone_topic)
+        for state in update.topics:
+            topic = self._merge_topic(state, change)
+            for partition_state in state.partitions:
+                info = PartitionInfo.from_proto(partition_state)
+                if topic.partitions.get(info.partition) != info or update.full:
+                    topic.partitions[info.partition] = info
+                    change.partitions.append((topic, info))
+        return change
+
+    def _merge_topic(self, state: pb.TopicState, change: ImageChange) -> TopicInfo:
+        topic_id = uuid.UUID(bytes=state.topic_id)
+        configs = dict(state.configs)
+        known = self._by_id.get(topic_id)
+        if known is None:
+            stale = self.topics.get(state.name)
+            if stale is not None:  # deleted and created again under the same name
+                self._remove(stale)
+                change.deleted.append(stale)
+            known = TopicInfo(state.name, topic_id, configs)
+            self.topics[state.name] = known
+            self._by_id[topic_id] = known
+        elif known.configs != configs:
+            known.configs = configs
+            change.reconfigured.append(known)
+        return known
+
+    def _remove(self, topic: TopicInfo) -> None:
+        self.topics.pop(topic.name, None)
+        self._by_id.pop(topic.topic_id, None)
+
+    # Questions -------------------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self.topics.get(name)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return self._by_id.get(topic_id)
+
+    def partition(self, tp: TopicPartition) -> PartitionInfo | None:
+        topic = self.topics.get(tp.topic)
+        return topic.partitions.get(tp.partition) if topic is not None else None
+
+    def live_brokers(self) -> list[BrokerInfo]:
+        return sorted((b for b in self.brokers.values() if not b.fenced), key=lambda b: b.broker_id)
+
+    def config_for(self, name: str) -> LogConfig:
+        topic = self.topics.get(name)
+        return LogConfig.from_properties(topic.configs if topic else {}, self.log_defaults)
+
+    def hosted_by(self, broker_id: int) -> Iterator[tuple[TopicInfo, PartitionInfo]]:
+        for topic in self.topics.values():
+            for info in topic.partitions.values():
+                if broker_id in info.replicas:
+                    yield topic, info
+
+
+def _broker_info(broker: pb.Broker) -> BrokerInfo:
+    listener = next((x for x in broker.listeners if x.name == "PLAINTEXT"), None)
+    if listener is None and broker.listeners:
+        listener = broker.listeners[0]
+    return BrokerInfo(
+        broker.broker_id,
+        listener.host if listener else "",
+        listener.port if listener else -1,
+        broker.rack or None,
+        broker.fenced,
+    )

@@ -1,0 +1,199 @@
+"""The broker's side of proto/controller.proto: find the active controller, register,
+heartbeat, follow the metadata stream, and pass ISR changes and topic admin on.
+
+Any controller address may be a standby: it answers FAILED_PRECONDITION and names the
+active one, which the link tries next. A lost stream or controller is retried with a short
+back-off; while no controller answers, the broker keeps serving with the image it has
+(leaders stay leaders until the controller says otherwise, as in Kafka).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.rpc import controller_pb2 as pb
+from directlog.rpc import controller_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+ACTIVE_CONTROLLER = "active-controller"
+RETRY_SECONDS = 0.2
+CALL_TIMEOUT = 10.0
+MAX_IMAGE_BYTES = 256 * 1024 * 1024  # a full image of a large cluster is one message
+Reply = TypeVar("Reply")
+
+
+class ControllerUnavailableError(KafkaError):
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.REQUEST_TIMED_OUT, message)
+
+
+class ControllerLink:
+    def __init__(
+        self,
+        addresses: list[str],
+        broker_id: int,
+        listeners: list[pb.Listener],
+        rack: str | None,
+        heartbeat_seconds: float,
+        on_update: Callable[[pb.MetadataUpdate], None],
+    ) -> None:
+        self.addresses = list(addresses)
+        self.broker_id = broker_id
+        self.incarnation = uuid.uuid4().hex
+        self.listeners = listeners
+        self.rack = rack or ""
+        self.heartbeat_seconds = heartbeat_seconds
+        self.on_update = on_update
+        self.broker_epoch = -1
+        self.registered = asyncio.Event()
+        self.first_image = asyncio.Event()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._active = self.addresses[0]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._stay_registered()), loop.create_task(self._watch())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+
+    # Calls -------------------------------------------------------------------------------
+
+    def _stub(self, address: str) -> rpc.ControllerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", MAX_IMAGE_BYTES)]
+            )
+        return rpc.ControllerStub(channel)  # type: ignore[no-untyped-call]  # generated code
+
+    async def call(
+        self, method: Callable[[rpc.ControllerStub], Callable[..., Awaitable[Reply]]], request: Any
+    ) -> Reply:
+        """One unary call on the active controller, found by following standbys' hints and
+        trying each address in turn; raises ControllerUnavailableError when none answers."""
+        tried: set[str] = set()
+        address = self._active
+        while True:
+            tried.add(address)
+            try:
+                reply = await method(self._stub(address))(request, timeout=CALL_TIMEOUT)
+                self._active = address
+                return reply
+            except grpc.aio.AioRpcError as error:
+                hint = _active_hint(error)
+                if hint and hint not in tried:
+                    address = hint
+                    continue
+                remaining = [a for a in self.addresses if a not in tried]
+                if not remaining:
+                    raise ControllerUnavailableError(
+                        f"no active controller among {self.addresses}: {error.details()}"
+                    ) from error
+                address = remaining[0]
+
+    # Registration and heartbeats -----------------------------------------------------------
+
+    async def _stay_registered(self) -> None:
+        while True:
+            try:
+                await self._register()
+                while True:
+                    await asyncio.sleep(self.heartbeat_seconds)
+                    reply = await self.call(
+                        lambda s: s.Heartbeat,
+                        pb.HeartbeatRequest(
+                            broker_id=self.broker_id, broker_epoch=self.broker_epoch
+                        ),
+                    )
+                    if reply.error_code != ErrorCode.NONE:
+                        log.warning(
+                            "heartbeat refused (%s: %s); registering again",
+                            ErrorCode(reply.error_code).name,
+                            reply.error_message,
+                        )
+                        self.registered.clear()
+                        break
+            except ControllerUnavailableError as error:
+                log.warning("%s", error)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _register(self) -> None:
+        while True:
+            reply = await self.call(
+                lambda s: s.RegisterBroker,
+                pb.RegisterBrokerRequest(
+                    broker_id=self.broker_id,
+                    incarnation_id=self.incarnation,
+                    listeners=self.listeners,
+                    rack=self.rack,
+                ),
+            )
+            if reply.error_code == ErrorCode.NONE:
+                self.broker_epoch = reply.broker_epoch
+                self.registered.set()
+                log.info("registered as broker %d, epoch %d", self.broker_id, self.broker_epoch)
+                return
+            log.info("registration refused, retrying: %s", reply.error_message)
+            await asyncio.sleep(RETRY_SECONDS * 5)
+
+    # Metadata stream ----------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await self.registered.wait()
+            address = self._active
+            try:
+                stream = self._stub(address).WatchMetadata(
+                    pb.WatchMetadataRequest(
+                        broker_id=self.broker_id, broker_epoch=self.broker_epoch
+                    )
+                )
+                async for update in stream:
+                    self.on_update(update)
+                    self.first_image.set()
+            except grpc.aio.AioRpcError as error:
+                hint = _active_hint(error)
+                if hint:
+                    self._active = hint
+                elif error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    self._rotate(address)
+                log.info("metadata stream from %s ended: %s", address, error.details())
+            await asyncio.sleep(RETRY_SECONDS)
+
+    def _rotate(self, failed: str) -> None:
+        if self._active == failed and len(self.addresses) > 1:
+            index = self.addresses.index(failed) if failed in self.addresses else -1
+            self._active = self.addresses[(index + 1) % len(self.addresses)]
+
+    # Requests for the active controller ------------------------------------------------------
+
+    async def alter_partition(self, changes: list[pb.PartitionChange]) -> pb.AlterPartitionReply:
+        return await self.call(
+            lambda s: s.AlterPartition,
+            pb.AlterPartitionRequest(
+                broker_id=self.broker_id, broker_epoch=self.broker_epoch, changes=changes
+            ),
+        )
+
+
+def _active_hint(error: grpc.aio.AioRpcError) -> str | None:
+    if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == ACTIVE_CONTROLLER and value:
+            return str(value)
+    return None

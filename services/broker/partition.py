@@ -1,0 +1,254 @@
+"""One partition replica on this broker: as leader it tracks its followers, the ISR and the
+high watermark and completes acks=-1 produces; as follower it only holds the log its
+fetcher fills.
+
+The leader's rules are Kafka's: a follower's log end offset is the offset of its latest
+fetch; it is caught up when it fetched everything the leader had at that fetch or the one
+before; the ISR loses a replica that has not caught up for `replica.lag.time.max.ms` and
+regains it once it reaches the high watermark within the current leader epoch. The high
+watermark is the smallest log end offset over the ISR, counting a replica whose addition is
+still pending with the controller (never advance on fewer copies than may be promised).
+ISR changes go to the controller (AlterPartition) and take effect when it commits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.records.varint import Buffer
+from directlog.topic_config import LogConfig
+from directlog.topics import TopicPartition
+from services.broker.cluster_metadata import PartitionInfo
+from services.broker.storage import AppendResult, PartitionLog
+
+log = logging.getLogger(__name__)
+
+IsrProposal = Callable[["Partition", tuple[int, ...]], None]
+
+
+@dataclass(slots=True)
+class FollowerProgress:
+    log_end_offset: int = -1  # unknown until its first fetch under this leader
+    last_caught_up_ms: int = 0
+    last_fetch_ms: int = 0
+    leader_end_at_last_fetch: int = -1
+
+
+class Partition:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        topic_id: uuid.UUID,
+        log: PartitionLog,
+        local_id: int,
+        notify: Callable[[], None],
+        propose_isr: IsrProposal,
+    ) -> None:
+        self.tp = tp
+        self.topic_id = topic_id
+        self.log = log
+        self.local_id = local_id
+        self.info = PartitionInfo(tp.partition, (), -1, -1, (), -1)
+        self.is_leader = False
+        self.followers: dict[int, FollowerProgress] = {}
+        self.pending_isr: tuple[int, ...] | None = None
+        self._leader_epoch_start = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._notify = notify
+        self._propose_isr = propose_isr
+
+    @property
+    def config(self) -> LogConfig:
+        return self.log.config
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.info.leader_epoch
+
+    # Role changes ------------------------------------------------------------------------
+
+    def become_leader(self, info: PartitionInfo, now_ms: int) -> None:
+        """Lead from now on (new epoch), or take a newer state of the same leadership."""
+        new_epoch = not self.is_leader or info.leader_epoch != self.info.leader_epoch
+        self.info = info
+        self.is_leader = True
+        if self.pending_isr is not None and info.isr == self.pending_isr:
+            self.pending_isr = None
+        if new_epoch:
+            self.pending_isr = None
+            self._leader_epoch_start = self.log.log_end_offset
+            self.log.leader_epochs.assign(info.leader_epoch, self._leader_epoch_start)
+            self.followers = {
+                replica: FollowerProgress(last_caught_up_ms=now_ms if replica in info.isr else 0)
+                for replica in info.replicas
+                if replica != self.local_id
+            }
+            log.info(
+                "%s: leader in epoch %d, ISR %s, log end %d",
+                self.tp,
+                info.leader_epoch,
+                list(info.isr),
+                self._leader_epoch_start,
+            )
+        self.maybe_advance_high_watermark()
+
+    def become_follower(self, info: PartitionInfo) -> None:
+        was_leader = self.is_leader
+        self.info = info
+        self.is_leader = False
+        self.pending_isr = None
+        self.followers = {}
+        if was_leader:
+            log.info("%s: follower of %d in epoch %d", self.tp, info.leader, info.leader_epoch)
+        self.fail_waiters(
+            KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{self.tp}: leadership moved")
+        )
+
+    def stop(self) -> None:
+        self.is_leader = False
+        self.fail_waiters(KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{self.tp}: removed"))
+
+    def check_leader(self, current_leader_epoch: int = -1) -> None:
+        """Raise the error a request for this partition gets when we may not answer it as
+        its leader (a client's current_leader_epoch, when it sends one, must be ours)."""
+        if current_leader_epoch >= 0:
+            if current_leader_epoch < self.info.leader_epoch:
+                raise KafkaError(
+                    ErrorCode.FENCED_LEADER_EPOCH,
+                    f"{self.tp}: epoch {current_leader_epoch} < {self.info.leader_epoch}",
+                )
+            if current_leader_epoch > self.info.leader_epoch:
+                raise KafkaError(
+                    ErrorCode.UNKNOWN_LEADER_EPOCH,
+                    f"{self.tp}: epoch {current_leader_epoch} > {self.info.leader_epoch}",
+                )
+        if not self.is_leader:
+            raise KafkaError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{self.tp}: broker {self.local_id} is not the leader (leader {self.info.leader})",
+            )
+
+    # Producing ---------------------------------------------------------------------------
+
+    def append_as_leader(self, records: Buffer, acks: int) -> AppendResult:
+        self.check_leader()
+        if acks == -1 and len(self.info.isr) < self.config.min_insync_replicas:
+            raise KafkaError(
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                f"{self.tp}: ISR {list(self.info.isr)} is smaller than min.insync.replicas "
+                f"{self.config.min_insync_replicas}",
+            )
+        result = self.log.append(records, leader_epoch=self.info.leader_epoch)
+        if not self.maybe_advance_high_watermark():
+            self._notify()  # followers' fetches wait for new records too
+        return result
+
+    async def wait_replicated(self, offset: int, timeout: float) -> None:
+        """Until the high watermark passes `offset` (acks=-1); raises with Kafka's code when
+        it cannot: REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER, or the ISR shrank below
+        min.insync.replicas while waiting (NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+        if self.log.high_watermark <= offset:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.append((offset, future))
+            try:
+                await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                raise KafkaError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"{self.tp}: offset {offset} not replicated to the ISR in time",
+                ) from None
+        if len(self.info.isr) < self.config.min_insync_replicas:
+            raise KafkaError(
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                f"{self.tp}: ISR {list(self.info.isr)} shrank below min.insync.replicas",
+            )
+
+    def fail_waiters(self, error: KafkaError) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, future in waiters:
+            if not future.done():
+                future.set_exception(error)
+
+    # Followers ---------------------------------------------------------------------------
+
+    def follower_fetched(self, replica: int, fetch_offset: int, now_ms: int) -> None:
+        """A follower asked for `fetch_offset`: it holds everything before it."""
+        progress = self.followers.get(replica)
+        if progress is None:
+            raise KafkaError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{self.tp}: broker {replica} is no replica"
+            )
+        leader_end = self.log.log_end_offset
+        if fetch_offset >= leader_end:
+            progress.last_caught_up_ms = now_ms
+        elif fetch_offset >= progress.leader_end_at_last_fetch >= 0:
+            progress.last_caught_up_ms = max(progress.last_caught_up_ms, progress.last_fetch_ms)
+        progress.log_end_offset = fetch_offset
+        progress.last_fetch_ms = now_ms
+        progress.leader_end_at_last_fetch = leader_end
+        self._maybe_expand_isr(replica, progress)
+        self.maybe_advance_high_watermark()
+
+    def _maybe_expand_isr(self, replica: int, progress: FollowerProgress) -> None:
+        if replica in self.info.isr or self.pending_isr is not None:
+            return
+        if (
+            progress.log_end_offset >= self.log.high_watermark
+            and progress.log_end_offset >= self._leader_epoch_start
+        ):
+            self._propose(tuple(sorted((*self.info.isr, replica))))
+
+    def maybe_shrink_isr(self, now_ms: int, lag_ms: int) -> None:
+        if not self.is_leader or self.pending_isr is not None:
+            return
+        lagging = {
+            replica
+            for replica in self.info.isr
+            if replica != self.local_id
+            and now_ms - self.followers[replica].last_caught_up_ms > lag_ms
+        }
+        if lagging:
+            log.info("%s: replicas %s fell behind; shrinking the ISR", self.tp, sorted(lagging))
+            self._propose(tuple(r for r in self.info.isr if r not in lagging))
+
+    def _propose(self, isr: tuple[int, ...]) -> None:
+        self.pending_isr = isr
+        self._propose_isr(self, isr)
+
+    def isr_change_settled(self, info: PartitionInfo | None) -> None:
+        """The controller answered an ISR change (with the state now in force, or None)."""
+        self.pending_isr = None
+        if info is not None and self.is_leader and info.partition_epoch > self.info.partition_epoch:
+            self.info = info
+        self.maybe_advance_high_watermark()
+
+    def maybe_advance_high_watermark(self) -> bool:
+        """Move the high watermark up to what the ISR holds; True if it moved (and waiting
+        fetches and acks=-1 produces were told)."""
+        if not self.is_leader:
+            return False
+        members = set(self.info.isr) | set(self.pending_isr or ())
+        end = self.log.log_end_offset
+        for replica in members:
+            if replica != self.local_id:
+                progress = self.followers.get(replica)
+                end = min(end, progress.log_end_offset if progress else -1)
+        if end > self.log.high_watermark:
+            high_watermark = self.log.update_high_watermark(end)
+            if self._waiters:
+                waiting = []
+                for offset, future in self._waiters:
+                    if offset < high_watermark:
+                        if not future.done():
+                            future.set_result(None)
+                    else:
+                        waiting.append((offset, future))
+                self._waiters = waiting
+            self._notify()
+            return True
+        return False

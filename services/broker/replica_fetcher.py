@@ -1,0 +1,334 @@
+"""Follower replication: one fetcher per leader broker pulls the partitions this broker
+follows from it, with Kafka's Fetch API (replica id set), as Kafka followers do.
+
+A partition starts in the truncating state: the fetcher asks the leader for the end offset
+of the follower's latest leader epoch (OffsetForLeaderEpoch, KIP-101/279) and cuts any tail
+the leader never had, repeating with an older epoch until the logs agree. Then it fetches
+from its log end; record batches are appended with the leader's offsets and epochs, and the
+follower's high watermark follows the leader's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from directlog.protocol.client import KafkaConnection
+from directlog.protocol.errors import ErrorCode
+from directlog.records.batch import LOG_OVERHEAD
+from directlog.topics import TopicPartition
+from services.broker.partition import Partition
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.consumer import (
+        FetchRequest,
+        FetchResponse,
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderEpochResponse,
+    )
+
+log = logging.getLogger(__name__)
+
+FETCH_VERSION = 12  # current_leader_epoch, flexible; topics by name
+EPOCH_VERSION = 4
+UNDEFINED = -1
+CONNECT_TIMEOUT = 5.0
+_RETRY_PARTITION = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+    }
+)
+
+
+@dataclass(slots=True, eq=False)  # compared by identity: a newer state replaces it
+class FollowState:
+    partition: Partition
+    leader_epoch: int
+    truncating: bool = True
+    paused_until: float = 0.0  # after an error, until metadata or time moves on
+    lag: int = 0  # offsets behind the leader's high watermark at the last fetch
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSettings:
+    broker_id: int
+    wait_max_ms: int
+    max_bytes: int
+    backoff_ms: int
+
+
+class ReplicaFetcher:
+    def __init__(
+        self,
+        leader_id: int,
+        address: Callable[[int], tuple[str, int] | None],
+        settings: FetchSettings,
+    ) -> None:
+        self.leader_id = leader_id
+        self.settings = settings
+        self._address = address
+        self.partitions: dict[TopicPartition, FollowState] = {}
+        self._changed = asyncio.Event()
+        self._connection: KafkaConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def follow(self, partition: Partition) -> None:
+        """Fetch `partition` from this leader in its current epoch (truncating first)."""
+        known = self.partitions.get(partition.tp)
+        if known is None or known.leader_epoch != partition.leader_epoch:
+            self.partitions[partition.tp] = FollowState(partition, partition.leader_epoch)
+            self._changed.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def forget(self, tp: TopicPartition) -> None:
+        self.partitions.pop(tp, None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._disconnect()
+
+    # The loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = self.settings.backoff_ms / 1000
+        while True:
+            if not self.partitions:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            try:
+                connection = await self._connect()
+                if connection is None:
+                    await asyncio.sleep(backoff)
+                    continue
+                await self._truncate(connection)
+                if not await self._fetch(connection):
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), backoff)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as error:
+                log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
+                await self._disconnect()
+                await asyncio.sleep(backoff)
+
+    async def _connect(self) -> KafkaConnection | None:
+        if self._connection is None:
+            address = self._address(self.leader_id)
+            if address is None:
+                return None
+            self._connection = await KafkaConnection.connect(*address, timeout=CONNECT_TIMEOUT)
+        return self._connection
+
+    async def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    def _ready(self, truncating: bool) -> list[FollowState]:
+        now = asyncio.get_running_loop().time()
+        return [
+            s
+            for s in self.partitions.values()
+            if s.truncating == truncating and s.paused_until <= now
+        ]
+
+    def _pause(self, state: FollowState, code: int) -> None:
+        log.info(
+            "%s: leader %d answered %s; retrying after back-off",
+            state.partition.tp,
+            self.leader_id,
+            _name(code),
+        )
+        state.paused_until = asyncio.get_running_loop().time() + self.settings.backoff_ms / 1000
+
+    # Truncation ----------------------------------------------------------------------------
+
+    async def _truncate(self, connection: KafkaConnection) -> None:
+        states = self._ready(truncating=True)
+        if not states:
+            return
+        asking = [s for s in states if s.partition.log.leader_epochs.latest_epoch >= 0]
+        for state in states:
+            if state.partition.log.leader_epochs.latest_epoch < 0:
+                state.truncating = False  # nothing written under any epoch: nothing to cut
+        if not asking:
+            return
+        by_topic: dict[str, list[FollowState]] = {}
+        for state in asking:
+            by_topic.setdefault(state.partition.tp.topic, []).append(state)
+        request = OffsetForLeaderEpochRequest(
+            version=EPOCH_VERSION,
+            replica_id=self.settings.broker_id,
+            topics=[
+                OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
+                    topic=topic,
+                    partitions=[
+                        OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                            partition=s.partition.tp.partition,
+                            current_leader_epoch=s.leader_epoch,
+                            leader_epoch=s.partition.log.leader_epochs.latest_epoch,
+                        )
+                        for s in group
+                    ],
+                )
+                for topic, group in by_topic.items()
+            ],
+        )
+        response = await connection.request(request, OffsetForLeaderEpochResponse, self._client_id)
+        for topic in response.topics:
+            for answer in topic.partitions:
+                asked = self.partitions.get(TopicPartition(topic.topic, answer.partition))
+                if asked is None or asked not in asking:
+                    continue
+                if answer.error_code != ErrorCode.NONE:
+                    self._pause(asked, answer.error_code)
+                    continue
+                self._apply_epoch_end(asked, answer.leader_epoch, answer.end_offset)
+
+    @staticmethod
+    def _apply_epoch_end(state: FollowState, leader_epoch: int, end_offset: int) -> None:
+        """Kafka's truncation rule for the leader's (epoch, end offset) answer."""
+        partition_log = state.partition.log
+        end = partition_log.log_end_offset
+        done = True
+        if end_offset == UNDEFINED or leader_epoch == UNDEFINED:
+            target = partition_log.high_watermark
+        else:
+            own_epoch, own_end = partition_log.end_offset_for_epoch(leader_epoch)
+            if own_epoch == UNDEFINED:
+                target = partition_log.high_watermark
+            elif own_epoch != leader_epoch:
+                target, done = min(own_end, end), False  # ask again about the older epoch
+            else:
+                target = min(end_offset, own_end, end)
+        if target < end:
+            log.info(
+                "%s: truncating from %d to %d (leader epoch %d ends at %d)",
+                state.partition.tp,
+                end,
+                target,
+                leader_epoch,
+                end_offset,
+            )
+            partition_log.truncate_to(target)
+        state.truncating = not done
+
+    # Fetching ------------------------------------------------------------------------------
+
+    async def _fetch(self, connection: KafkaConnection) -> bool:
+        """One fetch round; False when there was nothing to fetch."""
+        states = self._ready(truncating=False)
+        if not states:
+            return False
+        by_topic: dict[str, list[FollowState]] = {}
+        for state in states:
+            by_topic.setdefault(state.partition.tp.topic, []).append(state)
+        offsets = {state.partition.tp: state.partition.log.log_end_offset for state in states}
+        request = FetchRequest(
+            version=FETCH_VERSION,
+            replica_id=self.settings.broker_id,
+            max_wait_ms=self.settings.wait_max_ms,
+            min_bytes=1,
+            max_bytes=self.settings.max_bytes,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                FetchRequest.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        FetchRequest.FetchTopic.FetchPartition(
+                            partition=s.partition.tp.partition,
+                            current_leader_epoch=s.leader_epoch,
+                            fetch_offset=offsets[s.partition.tp],
+                            last_fetched_epoch=-1,
+                            log_start_offset=s.partition.log.log_start_offset,
+                            partition_max_bytes=self.settings.max_bytes,
+                        )
+                        for s in group
+                    ],
+                )
+                for topic, group in by_topic.items()
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        response = await connection.request(request, FetchResponse, self._client_id)
+        if response.error_code != ErrorCode.NONE:
+            raise ConnectionError(f"fetch answered {_name(response.error_code)}")
+        for topic in response.responses:
+            for data in topic.partitions:
+                tp = TopicPartition(topic.topic, data.partition_index)
+                fetched = self.partitions.get(tp)
+                if fetched is None or tp not in offsets or fetched.truncating:
+                    continue
+                self._apply_fetched(fetched, offsets[tp], data)
+                fetched.lag = max(data.high_watermark - fetched.partition.log.log_end_offset, 0)
+        return True
+
+    def _apply_fetched(self, state: FollowState, offset: int, data: Any) -> None:
+        partition_log = state.partition.log
+        code = data.error_code
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            leader_start: int = data.log_start_offset
+            if offset < leader_start:
+                log.info(
+                    "%s: leader's log starts at %d; restarting there",
+                    state.partition.tp,
+                    leader_start,
+                )
+                partition_log.truncate_fully_and_start_at(leader_start)
+            else:
+                state.truncating = True  # ahead of the leader: find where we diverged
+            return
+        if code != ErrorCode.NONE:
+            if code in _RETRY_PARTITION:
+                self._pause(state, code)
+                return
+            raise ConnectionError(f"{state.partition.tp}: fetch answered {_name(code)}")
+        if partition_log.log_end_offset != offset:
+            return  # truncated or appended meanwhile; the next round starts from the new end
+        records = data.records
+        whole = _whole_batches(records) if records else 0
+        if whole:
+            partition_log.append(memoryview(records)[:whole], assign_offsets=False)
+        high_watermark: int = data.high_watermark
+        partition_log.update_high_watermark(min(high_watermark, partition_log.log_end_offset))
+
+    @property
+    def _client_id(self) -> str:
+        return f"directlog-replica-{self.settings.broker_id}"
+
+
+def _whole_batches(records: bytes) -> int:
+    """The length of the whole record batches at the start of `records` (a fetch may end
+    with a partial batch, which the next fetch brings whole)."""
+    position = 0
+    size = len(records)
+    while size - position >= LOG_OVERHEAD:
+        length = LOG_OVERHEAD + int.from_bytes(records[position + 8 : position + 12], "big")
+        if position + length > size:
+            break
+        position += length
+    return position
+
+
+def _name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)

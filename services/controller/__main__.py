@@ -1,0 +1,3 @@
+from services.controller.main import main
+
+main()

@@ -1,0 +1,510 @@
+"""The controller's decisions, without I/O: given the cluster image and a request or a
+liveness event, what to write to the store and what the brokers are told.
+
+Every method that changes the cluster returns a ``Change`` (the store ops and the delta) and
+leaves the image alone; the caller commits the ops in one fenced transaction and only then
+calls ``apply``. So a change that fails to commit leaves no trace, and tests drive every
+rule here with plain values and a fake clock.
+
+Broker liveness lives only here, in memory (``heartbeat`` and ``fence_expired`` change it
+directly, nothing is stored): a new active controller starts with every registered broker
+alive for one session timeout.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.topic_config import InvalidConfigError, LogConfig
+from directlog.topics import topic_name_error
+from services.controller import layout
+from services.controller.assignment import assign_replicas
+from services.controller.layout import Create, Delete, Layout, SetData, StoreOp
+from services.controller.model import (
+    NO_LEADER,
+    BrokerRegistration,
+    Listener,
+    PartitionState,
+    Topic,
+)
+
+MAX_PARTITIONS = 10_000
+DEFAULT = -1  # partitions / replication factor: the controller's default
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What a change touched, for the metadata streams: per topic id, the partitions that
+    changed (None: the whole topic, it is new), and the topics deleted."""
+
+    topics: Mapping[bytes, frozenset[int] | None] = field(default_factory=dict)
+    deleted_topic_ids: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Store ops to commit in one transaction, and the image records they write."""
+
+    ops: tuple[StoreOp, ...]
+    delta: Delta = field(default_factory=Delta)
+    brokers: tuple[BrokerRegistration, ...] = ()
+    topics: tuple[Topic, ...] = ()  # new or replaced, whole
+    last_broker_epoch: int | None = None
+    leader_elections: int = 0  # partitions that got a new leader (not -1)
+    unclean_elections: int = 0  # of which from outside the ISR
+    isr_changes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IsrChange:
+    """One partition of an AlterPartition request."""
+
+    topic_id: bytes
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IsrResult:
+    topic_id: bytes
+    partition: int
+    error: ErrorCode
+    state: PartitionState | None  # in force once the change commits; None: no such partition
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """What the store holds, as loaded by a controller that takes over."""
+
+    cluster_id: str
+    brokers: Mapping[int, BrokerRegistration]
+    topics: Mapping[bytes, Topic]
+    last_broker_epoch: int
+
+
+class ClusterState:
+    def __init__(
+        self,
+        image: Image,
+        paths: Layout,
+        *,
+        now: float,
+        session_timeout: float,
+        default_partitions: int = 1,
+        default_replication_factor: int = 1,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cluster_id = image.cluster_id
+        self.brokers = dict(image.brokers)
+        self.topics = dict(image.topics)
+        self.topic_ids = {topic.name: topic_id for topic_id, topic in self.topics.items()}
+        self.last_broker_epoch = image.last_broker_epoch
+        self.paths = paths
+        self.session_timeout = session_timeout
+        self.default_partitions = default_partitions
+        self.default_replication_factor = default_replication_factor
+        self.rng = rng or random.Random()
+        # Every registration counts as alive from the takeover: its broker heartbeats to
+        # the old controller until it finds this one.
+        self.last_seen = dict.fromkeys(self.brokers, now)
+        self.fenced: set[int] = set()
+        self.partition_count = sum(len(t.partitions) for t in self.topics.values())
+        self.offline_count = sum(_offline(t) for t in self.topics.values())
+
+    # Brokers ----------------------------------------------------------------------------
+
+    def register_broker(
+        self,
+        broker_id: int,
+        incarnation_id: str,
+        listeners: Sequence[Listener],
+        rack: str | None,
+        now: float,
+    ) -> Change:
+        """A new broker epoch for the broker. Refused while another incarnation of the id is
+        alive: that is a second process with the same id, or a restart that came back
+        before its old session ended (the broker retries until it has)."""
+        if broker_id < 0:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"broker id {broker_id} is negative")
+        if not incarnation_id:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, "incarnation id is empty")
+        if not listeners:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, "a broker needs at least one listener")
+        for listener in listeners:
+            if not listener.name or not listener.host or not 0 < listener.port <= 65535:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"bad listener {listener}")
+        old = self.brokers.get(broker_id)
+        if old is not None and old.incarnation_id != incarnation_id and self.alive(broker_id, now):
+            raise KafkaError(
+                ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                f"broker {broker_id} is registered by incarnation {old.incarnation_id}, "
+                "whose session has not expired",
+            )
+        epoch = self.last_broker_epoch + 1
+        registration = BrokerRegistration(
+            broker_id, incarnation_id, epoch, tuple(listeners), rack or None
+        )
+        path, data = self.paths.broker(broker_id), layout.encode_broker(registration)
+        ops: tuple[StoreOp, ...] = (
+            SetData(self.paths.broker_epoch, layout.encode_last_broker_epoch(epoch)),
+            Create(path, data) if old is None else SetData(path, data),
+        )
+        return Change(ops, brokers=(registration,), last_broker_epoch=epoch)
+
+    def heartbeat(self, broker_id: int, broker_epoch: int, now: float) -> ErrorCode:
+        error = self.broker_error(broker_id, broker_epoch)
+        if error is ErrorCode.NONE:
+            self.last_seen[broker_id] = now
+        return error
+
+    def broker_error(self, broker_id: int, broker_epoch: int) -> ErrorCode:
+        """Whether ``broker_epoch`` is the broker's current one. A fenced broker's is not:
+        its session ended, and it registers again to come back."""
+        registration = self.brokers.get(broker_id)
+        if registration is None:
+            return ErrorCode.BROKER_ID_NOT_REGISTERED
+        if registration.broker_epoch != broker_epoch or broker_id in self.fenced:
+            return ErrorCode.STALE_BROKER_EPOCH
+        return ErrorCode.NONE
+
+    def alive(self, broker_id: int, now: float) -> bool:
+        return broker_id not in self.fenced and (
+            now - self.last_seen.get(broker_id, float("-inf")) <= self.session_timeout
+        )
+
+    def fence_expired(self, now: float) -> list[int]:
+        """Fence the brokers whose session timed out (in memory; ``elect`` then moves their
+        partitions). Returns them."""
+        expired = sorted(b for b in self.brokers if b not in self.fenced and not self.alive(b, now))
+        self.fenced.update(expired)
+        return expired
+
+    def next_expiry(self) -> float | None:
+        """When the next unfenced broker's session ends, if any."""
+        live = [seen for b, seen in self.last_seen.items() if b not in self.fenced]
+        return min(live) + self.session_timeout if live else None
+
+    def unfenced(self) -> dict[int, str | None]:
+        """Brokers new replicas may go to, with their racks."""
+        return {b: r.rack for b, r in sorted(self.brokers.items()) if b not in self.fenced}
+
+    # Leadership -------------------------------------------------------------------------
+
+    def elect(self, limit: int = 500) -> Change | None:
+        """Up to ``limit`` partition changes the fenced set calls for, or None when there
+        are none: fenced brokers leave ISRs (the last member stays), partitions whose
+        leader is fenced or missing get the first live ISR replica in replica order, or
+        with unclean election enabled the first live replica. Applying the result makes
+        those partitions need nothing more, so calling until None reaches a fixed point."""
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        found = 0
+        for topic_id, topic in self.topics.items():
+            unclean = _unclean_enabled(topic)
+            for index, state in enumerate(topic.partitions):
+                new = self._reelected(state, unclean)
+                if new is not None:
+                    updates.setdefault(topic_id, {})[index] = new
+                    found += 1
+                    if found == limit:
+                        return self._partition_change(updates)
+        return self._partition_change(updates) if updates else None
+
+    def _reelected(self, state: PartitionState, unclean: bool) -> PartitionState | None:
+        isr = tuple(b for b in state.isr if b not in self.fenced)
+        if not isr:
+            # Kafka keeps the last ISR member: it holds every committed record, so it is
+            # the one to lead again when it comes back.
+            isr = (state.leader,) if state.leader in state.isr else state.isr[:1]
+        leader = state.leader
+        if leader == NO_LEADER or leader in self.fenced or leader not in isr:
+            leader = next(
+                (b for b in state.replicas if b in isr and b not in self.fenced), NO_LEADER
+            )
+            if leader == NO_LEADER and unclean:
+                live = [b for b in state.replicas if b not in self.fenced]
+                if live:
+                    leader, isr = live[0], (live[0],)
+        if leader == state.leader and isr == state.isr:
+            return None
+        leader_epoch = state.leader_epoch + (leader != state.leader)
+        return replace(
+            state,
+            leader=leader,
+            leader_epoch=leader_epoch,
+            isr=isr,
+            partition_epoch=state.partition_epoch + 1,
+        )
+
+    def alter_partition(
+        self, broker_id: int, broker_epoch: int, changes: Iterable[IsrChange]
+    ) -> tuple[list[IsrResult], Change]:
+        """ISR changes asked by a partition leader, each checked against the state it was
+        based on; the ones that pass are committed together."""
+        if self.broker_error(broker_id, broker_epoch) is not ErrorCode.NONE:
+            raise KafkaError(
+                ErrorCode.STALE_BROKER_EPOCH,
+                f"broker {broker_id} epoch {broker_epoch} is not current",
+            )
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        results = []
+        for change in changes:
+            topic = self.topics.get(change.topic_id)
+            if topic is None:
+                results.append(
+                    IsrResult(change.topic_id, change.partition, ErrorCode.UNKNOWN_TOPIC_ID, None)
+                )
+                continue
+            if not 0 <= change.partition < len(topic.partitions):
+                results.append(
+                    IsrResult(
+                        change.topic_id,
+                        change.partition,
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        None,
+                    )
+                )
+                continue
+            pending = updates.get(change.topic_id, {})
+            state = pending.get(change.partition, topic.partitions[change.partition])
+            error = self._isr_error(broker_id, state, change)
+            if error is ErrorCode.NONE and change.new_isr != state.isr:
+                state = replace(
+                    state, isr=change.new_isr, partition_epoch=state.partition_epoch + 1
+                )
+                updates.setdefault(change.topic_id, {})[change.partition] = state
+            results.append(IsrResult(change.topic_id, change.partition, error, state))
+        return results, self._partition_change(updates)
+
+    def _isr_error(self, broker_id: int, state: PartitionState, change: IsrChange) -> ErrorCode:
+        if state.leader != broker_id:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if change.leader_epoch != state.leader_epoch:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        if change.partition_epoch != state.partition_epoch:
+            return ErrorCode.INVALID_UPDATE_VERSION
+        if len(set(change.new_isr)) != len(change.new_isr):
+            return ErrorCode.INVALID_REQUEST
+        if broker_id not in change.new_isr or any(
+            b not in state.replicas or b in self.fenced for b in change.new_isr
+        ):
+            return ErrorCode.INELIGIBLE_REPLICA
+        return ErrorCode.NONE
+
+    def _partition_change(self, updates: Mapping[bytes, Mapping[int, PartitionState]]) -> Change:
+        ops: list[StoreOp] = []
+        topics = []
+        elections = unclean = isr_changes = 0
+        for topic_id, changed in updates.items():
+            topic = self.topics[topic_id]
+            partitions = list(topic.partitions)
+            for index, new in sorted(changed.items()):
+                old = partitions[index]
+                path, data = self.paths.partition(topic_id, index), layout.encode_partition(new)
+                # A partition's znode exists once its state has changed; each change is one
+                # setData, so its version is always partition_epoch - 1.
+                if old.partition_epoch == 0:
+                    ops.append(Create(path, data))
+                else:
+                    ops.append(SetData(path, data, version=old.partition_epoch - 1))
+                if new.leader not in (old.leader, NO_LEADER):
+                    elections += 1
+                    unclean += new.leader not in old.isr
+                isr_changes += new.isr != old.isr
+                partitions[index] = new
+            topics.append(replace(topic, partitions=tuple(partitions)))
+        return Change(
+            tuple(ops),
+            Delta({t: frozenset(c) for t, c in updates.items()}),
+            topics=tuple(topics),
+            leader_elections=elections,
+            unclean_elections=unclean,
+            isr_changes=isr_changes,
+        )
+
+    # Topics -----------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str],
+    ) -> Change:
+        error = topic_name_error(name)
+        if error is not None:
+            raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, error)
+        if name in self.topic_ids:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        if partitions == DEFAULT:
+            partitions = self.default_partitions
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise KafkaError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"{partitions} partitions: a topic has 1 to {MAX_PARTITIONS}",
+            )
+        if replication_factor == DEFAULT:
+            replication_factor = self.default_replication_factor
+        brokers = self.unfenced()
+        if not 1 <= replication_factor <= len(brokers):
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {replication_factor}: "
+                f"{len(brokers)} brokers are registered and unfenced",
+            )
+        _validate_configs(configs)
+        count = len(brokers)
+        assignment = assign_replicas(
+            brokers,
+            partitions,
+            replication_factor,
+            start_index=self.rng.randrange(count),
+            replica_shift=self.rng.randrange(count),
+        )
+        topic_id = self._new_topic_id()
+        topic = Topic(
+            name, topic_id, dict(configs), tuple(PartitionState.initial(r) for r in assignment)
+        )
+        data = layout.encode_topic(name, configs, assignment)
+        return Change(
+            (Create(self.paths.topic(topic_id), data),),
+            Delta({topic_id: None}),
+            topics=(topic,),
+        )
+
+    def _new_topic_id(self) -> bytes:
+        while True:  # 122 random bits: a second round is all but impossible
+            topic_id = uuid.UUID(bytes=self.rng.randbytes(16), version=4).bytes
+            if topic_id not in self.topics:
+                return topic_id
+
+    def find_topic(self, name: str = "", topic_id: bytes = b"") -> Topic:
+        """By id when one is given, else by name."""
+        if topic_id:
+            topic = self.topics.get(topic_id)
+            if topic is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID, "no topic has this id")
+            return topic
+        known = self.topic_ids.get(name)
+        if known is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
+        return self.topics[known]
+
+    def delete_topic(self, name: str = "", topic_id: bytes = b"") -> Change:
+        topic = self.find_topic(name, topic_id)
+        ops: list[StoreOp] = [
+            Delete(self.paths.partition(topic.topic_id, index), version=state.partition_epoch - 1)
+            for index, state in enumerate(topic.partitions)
+            if state.partition_epoch > 0
+        ]
+        ops.append(Delete(self.paths.topic(topic.topic_id)))
+        return Change(tuple(ops), Delta(deleted_topic_ids=(topic.topic_id,)))
+
+    def create_partitions(self, name: str, count: int) -> Change:
+        topic = self.find_topic(name)
+        current = len(topic.partitions)
+        if count <= current:
+            raise KafkaError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"topic {name!r} has {current} partitions; the new count must be more",
+            )
+        if count > MAX_PARTITIONS:
+            raise KafkaError(
+                ErrorCode.INVALID_PARTITIONS, f"{count} partitions: the limit is {MAX_PARTITIONS}"
+            )
+        brokers = self.unfenced()
+        replication_factor = topic.replication_factor
+        if replication_factor > len(brokers):
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {replication_factor}: "
+                f"{len(brokers)} brokers are registered and unfenced",
+            )
+        # Kafka continues from partition 0's leader, so new leaders follow the old ones.
+        first_leader = topic.partitions[0].replicas[0]
+        start = next((i for i, b in enumerate(brokers) if b >= first_leader), 0)
+        added = assign_replicas(
+            brokers,
+            count - current,
+            replication_factor,
+            start_index=start,
+            replica_shift=start,
+            first_partition=current,
+        )
+        partitions = topic.partitions + tuple(PartitionState.initial(r) for r in added)
+        new = replace(topic, partitions=partitions)
+        data = layout.encode_topic(name, topic.configs, [p.replicas for p in partitions])
+        return Change(
+            (SetData(self.paths.topic(topic.topic_id), data),),
+            Delta({topic.topic_id: frozenset(range(current, count))}),
+            topics=(new,),
+        )
+
+    def alter_configs(
+        self, name: str, set_configs: Mapping[str, str], delete: Iterable[str]
+    ) -> Change:
+        """Incremental: set some overrides, delete others (a missing one is no error)."""
+        topic = self.find_topic(name)
+        delete = set(delete)
+        both = delete & set_configs.keys()
+        if both:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST, f"set and deleted at once: {', '.join(sorted(both))}"
+            )
+        configs = {k: v for k, v in topic.configs.items() if k not in delete}
+        configs.update(set_configs)
+        _validate_configs(configs)
+        if configs == topic.configs:
+            return Change(())
+        data = layout.encode_topic(name, configs, [p.replicas for p in topic.partitions])
+        return Change(
+            (SetData(self.paths.topic(topic.topic_id), data),),
+            Delta({topic.topic_id: frozenset()}),
+            topics=(replace(topic, configs=configs),),
+        )
+
+    # Applying a committed change --------------------------------------------------------
+
+    def apply(self, change: Change, now: float) -> None:
+        """Make the image what the store now holds. A broker that registered is alive."""
+        for registration in change.brokers:
+            self.brokers[registration.broker_id] = registration
+            self.last_seen[registration.broker_id] = now
+            self.fenced.discard(registration.broker_id)
+        if change.last_broker_epoch is not None:
+            self.last_broker_epoch = change.last_broker_epoch
+        for topic_id in change.delta.deleted_topic_ids:
+            self._forget(self.topics.pop(topic_id))
+        for topic in change.topics:
+            old = self.topics.get(topic.topic_id)
+            if old is not None:
+                self._forget(old)
+            self.topics[topic.topic_id] = topic
+            self.topic_ids[topic.name] = topic.topic_id
+            self.partition_count += len(topic.partitions)
+            self.offline_count += _offline(topic)
+
+    def _forget(self, topic: Topic) -> None:
+        del self.topic_ids[topic.name]
+        self.partition_count -= len(topic.partitions)
+        self.offline_count -= _offline(topic)
+
+
+def _offline(topic: Topic) -> int:
+    return sum(p.leader == NO_LEADER for p in topic.partitions)
+
+
+def _unclean_enabled(topic: Topic) -> bool:
+    return topic.configs.get("unclean.leader.election.enable", "").strip().lower() == "true"
+
+
+def _validate_configs(configs: Mapping[str, str]) -> None:
+    try:
+        LogConfig.from_properties(configs)
+    except InvalidConfigError as exc:
+        raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from exc

@@ -1,0 +1,325 @@
+"""Active or standby: the election loop, and a term as the active controller.
+
+A process campaigns for the controller seat whenever it is free; the winner loads the image
+and serves until a write fails, its connection to the ensemble drops, or it stops. Then the
+term ends: its streams are cut, its seat is freed if the store can still be reached, and the
+process campaigns again, reloading everything if it wins. A term never outlives a failed
+write or a lost connection, so its image never drifts from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import grpc
+
+from directlog.rpc.controller_pb2 import MetadataUpdate
+from services.controller import messages
+from services.controller.cluster import Change, ClusterState, Delta
+from services.controller.layout import ControllerRecord, Layout
+from services.controller.metrics import ControllerMetrics
+from services.controller.settings import ControllerSettings
+from services.controller.store import Store, StoreError, Won
+from services.controller.streams import Subscription
+
+log = logging.getLogger("directlog.controller")
+
+NOT_ACTIVE = "not the active controller"
+RETRY_DELAY = 0.05  # between campaigns when the store fails or the seat just emptied
+STANDBY_RECHECK = 1.0  # a standby re-reads the seat at least this often, watch or not
+
+
+class NotActiveError(Exception):
+    """This process is not, or no longer, the active controller."""
+
+
+class Term:
+    """One stretch as the active controller: its image, its write lock, its streams."""
+
+    def __init__(
+        self,
+        won: Won,
+        state: ClusterState,
+        store: Store,
+        metrics: ControllerMetrics,
+        *,
+        clock: Callable[[], float],
+        queue_limit: int,
+        on_failure: Callable[[str], None],
+    ) -> None:
+        self.record = won.record
+        self.epoch_version = won.epoch_version
+        self.state = state
+        self.lock = asyncio.Lock()  # one planned change at a time, planned on what is stored
+        self.version = 1  # of the metadata image, one more with each update
+        self.ended = asyncio.Event()
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+        self._queue_limit = queue_limit
+        self._on_failure = on_failure
+        self._subscriptions: set[Subscription] = set()
+        self._kick = asyncio.Event()
+        self._reconciler = asyncio.get_running_loop().create_task(self._reconcile())
+        metrics.observe(state)
+
+    async def commit(self, change: Change) -> None:
+        """Write ``change`` under this term's epoch, then apply and publish it. The caller
+        holds ``lock`` and planned ``change`` under it. Raises NotActiveError, having ended
+        the term, when the write does not commit."""
+        if self.ended.is_set():
+            raise NotActiveError(NOT_ACTIVE)
+        if not change.ops:
+            return
+        try:
+            await self._store.commit(change.ops, self.epoch_version)
+        except StoreError as exc:
+            self._on_failure(f"a write failed: {exc}")
+            raise NotActiveError(NOT_ACTIVE) from exc
+        self.state.apply(change, self._clock())
+        self._metrics.committed(change)
+        self.publish(change.delta)
+
+    def publish(self, delta: Delta) -> None:
+        self._metrics.observe(self.state)
+        self.version += 1
+        update = self._update(delta)
+        for subscription in list(self._subscriptions):
+            subscription.push(update)
+            if subscription.ended is not None:
+                self._drop(subscription)
+                self._metrics.streams_cut.inc()
+
+    def subscribe(self) -> Subscription:
+        """A stream that starts with the whole image as of now."""
+        subscription = Subscription(self._queue_limit)
+        subscription.push(self._update(None))
+        self._subscriptions.add(subscription)
+        self._metrics.metadata_streams.set(len(self._subscriptions))
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self._drop(subscription)
+
+    def kick(self) -> None:
+        """Re-check liveness and leadership now (a broker came back, a config changed)."""
+        self._kick.set()
+
+    def end(self) -> None:
+        self.ended.set()
+        self._reconciler.cancel()
+        for subscription in list(self._subscriptions):
+            subscription.end(grpc.StatusCode.FAILED_PRECONDITION, NOT_ACTIVE)
+            self._drop(subscription)
+
+    def _drop(self, subscription: Subscription) -> None:
+        self._subscriptions.discard(subscription)
+        self._metrics.metadata_streams.set(len(self._subscriptions))
+
+    def _update(self, delta: Delta | None) -> MetadataUpdate:
+        return messages.metadata_update(
+            self.state,
+            version=self.version,
+            controller_id=self.record.controller_id,
+            controller_epoch=self.record.epoch,
+            delta=delta,
+        )
+
+    async def _reconcile(self) -> None:
+        """Fence brokers whose session ended and elect leaders until nothing is left to
+        do; then sleep until the next session could end or something kicks."""
+        try:
+            while True:
+                async with self.lock:
+                    fenced = self.state.fence_expired(self._clock())
+                    if fenced:
+                        log.warning("fenced brokers %s: no heartbeat for the session", fenced)
+                        self.publish(Delta())
+                    while (change := self.state.elect()) is not None:
+                        await self.commit(change)
+                expiry = self.state.next_expiry()
+                timeout = self.state.session_timeout
+                if expiry is not None:
+                    timeout = min(timeout, max(expiry - self._clock(), 0.0) + 0.001)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), timeout)
+                self._kick.clear()
+        except NotActiveError:
+            return
+        except Exception:
+            # Without its reconciler a term would never fence anyone: end it instead.
+            log.exception("fencing and elections failed")
+            self._on_failure("fencing and elections failed")
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        metrics: ControllerMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.controller_id = settings.controller_id
+        self.metrics = metrics
+        self.paths = Layout(settings.root)
+        self.store = Store(
+            settings.consensus, self.paths, settings.consensus_session_timeout_ms / 1000
+        )
+        self.term: Term | None = None
+        self.active: ControllerRecord | None = None  # the other process that leads, if known
+        self.address = ""
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._wake = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._disconnects = 0  # a term won before a disconnect must not start after it
+        self._campaign_task: asyncio.Task[None] | None = None
+
+    @property
+    def active_address(self) -> str | None:
+        """host:port of the active controller, when known."""
+        if self.term is not None:
+            return self.address
+        return None if self.active is None else self.active.address
+
+    def start(self, address: str) -> None:
+        """Connect and campaign in the background as ``address`` (our gRPC host:port)."""
+        self.address = address
+        self.store.start(self._on_session)
+        self._campaign_task = asyncio.get_running_loop().create_task(self._campaign())
+
+    async def stop(self) -> None:
+        if self._campaign_task is not None:
+            self._campaign_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._campaign_task
+        self.step_down("stopping")
+        await self.store.stop()
+
+    def step_down(self, reason: str) -> None:
+        term, self.term = self.term, None
+        if term is None:
+            return
+        log.warning("no longer the active controller (epoch %d): %s", term.record.epoch, reason)
+        term.end()
+        self.metrics.active.set(0)
+        self._wake.set()
+
+    def require_term(self) -> Term:
+        if self.term is None:
+            raise NotActiveError(NOT_ACTIVE)
+        return self.term
+
+    # The election -----------------------------------------------------------------------
+
+    async def _campaign(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), STANDBY_RECHECK)
+            if not self._connected.is_set():
+                continue
+            self._wake.clear()
+            disconnects = self._disconnects
+            try:
+                await self.store.prepare()
+                outcome = await self.store.campaign(
+                    self.controller_id, self.address, self._wake.set
+                )
+                if isinstance(outcome, Won):
+                    await self._lead(outcome, disconnects)
+                    continue
+            except StoreError as exc:
+                log.info("campaign failed, trying again: %s", exc)
+                await asyncio.sleep(RETRY_DELAY)
+                continue
+            except Exception:
+                # A bug must not leave the process a silent standby forever.
+                log.exception("campaign failed unexpectedly, trying again")
+                self.step_down("an unexpected error")
+                await asyncio.sleep(STANDBY_RECHECK)
+                continue
+            if outcome is None:
+                await asyncio.sleep(RETRY_DELAY)
+            else:
+                if self.active != outcome:
+                    log.info(
+                        "standing by: controller %d at %s leads (epoch %d)",
+                        outcome.controller_id,
+                        outcome.address,
+                        outcome.epoch,
+                    )
+                self.active = outcome
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), STANDBY_RECHECK)
+
+    async def _lead(self, won: Won, disconnects: int) -> None:
+        """Serve one term, from loading the image to stepping down."""
+        self.active = None
+        try:
+            image = await self.store.load()
+        except StoreError as exc:
+            log.error("won epoch %d but could not load the image: %s", won.record.epoch, exc)
+            await self.store.resign(won.epoch_version)
+            return
+        if disconnects != self._disconnects:
+            log.info("cut off from the ensemble while taking over epoch %d", won.record.epoch)
+            await self.store.resign(won.epoch_version)
+            return
+        settings = self.settings
+        state = ClusterState(
+            image,
+            self.paths,
+            now=self.clock(),
+            session_timeout=settings.broker_session_timeout_ms / 1000,
+            default_partitions=settings.num_partitions,
+            default_replication_factor=settings.default_replication_factor,
+            rng=self._rng,
+        )
+        term = Term(
+            won,
+            state,
+            self.store,
+            self.metrics,
+            clock=self.clock,
+            queue_limit=settings.metadata_queue_limit,
+            on_failure=self.step_down,
+        )
+        self.term = term
+        self.metrics.active.set(1)
+        self.metrics.epoch.set(won.record.epoch)
+        log.info(
+            "active controller, epoch %d: %d brokers, %d topics, %d partitions",
+            won.record.epoch,
+            len(state.brokers),
+            len(state.topics),
+            state.partition_count,
+        )
+        try:
+            await term.ended.wait()
+        finally:
+            self.step_down("stopping")
+            await self.store.resign(won.epoch_version)
+
+    def _on_session(self, state: str) -> None:
+        """kazoo's session events, on the loop. Cut off from the ensemble, this process
+        cannot know whether its session still lives or a standby already leads, so it
+        stops serving at once; back in the same session, it wins again (its own seat is
+        freed first) or follows whoever was quicker."""
+        if state == "CONNECTED":
+            self._connected.set()
+            self._wake.set()
+            return
+        self._connected.clear()
+        self._disconnects += 1
+        if state == "SUSPENDED":
+            self.step_down("cut off from the consensus ensemble")
+        else:
+            self.step_down("the consensus session expired")

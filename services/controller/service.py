@@ -1,0 +1,272 @@
+"""The Controller gRPC service (proto/controller.proto): requests in, planned changes
+committed through the active term, answers out.
+
+Domain errors are Kafka error codes in the replies. Not being the active controller is a
+gRPC status, FAILED_PRECONDITION, with the active controller's address in the
+``active-controller`` trailing metadata when known, so a broker moves on at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, NoReturn
+
+import grpc
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.rpc import controller_pb2 as pb
+from directlog.rpc import controller_pb2_grpc
+from services.controller import messages
+from services.controller.cluster import Change, ClusterState, IsrChange
+from services.controller.controller import NOT_ACTIVE, Controller, NotActiveError, Term
+from services.controller.model import Listener, Topic
+
+log = logging.getLogger("directlog.controller.service")
+
+ACTIVE_CONTROLLER_KEY = "active-controller"  # trailing metadata: host:port of the active one
+ERROR_CODE_KEY = "kafka-error-code"  # trailing metadata of a refused WatchMetadata
+
+Context = grpc.aio.ServicerContext[Any, Any]
+TopicPlan = Callable[[ClusterState], tuple[Topic, Change]]
+
+
+class ControllerService(controller_pb2_grpc.ControllerServicer):
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+        self._metrics = controller.metrics
+
+    # Brokers ----------------------------------------------------------------------------
+
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: Context
+    ) -> pb.RegisterBrokerReply:
+        with self._metrics.rpc("RegisterBroker"):
+            try:
+                term = self._controller.require_term()
+                listeners = [Listener(i.name, i.host, i.port) for i in request.listeners]
+                async with term.lock:
+                    try:
+                        change = term.state.register_broker(
+                            request.broker_id,
+                            request.incarnation_id,
+                            listeners,
+                            request.rack or None,
+                            self._controller.clock(),
+                        )
+                    except KafkaError as exc:
+                        log.info("RegisterBroker %d refused: %s", request.broker_id, exc)
+                        return pb.RegisterBrokerReply(error_code=exc.code, error_message=str(exc))
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        epoch = change.brokers[0].broker_epoch
+        log.info("broker %d registered, epoch %d", request.broker_id, epoch)
+        term.kick()  # partitions waiting for this broker may get their leader back
+        return pb.RegisterBrokerReply(broker_epoch=epoch)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatReply:
+        with self._metrics.rpc("Heartbeat"):
+            try:
+                term = self._controller.require_term()
+            except NotActiveError:
+                await self._not_active(context)
+            error = term.state.heartbeat(
+                request.broker_id, request.broker_epoch, self._controller.clock()
+            )
+            if error is ErrorCode.NONE:
+                return pb.HeartbeatReply()
+            return pb.HeartbeatReply(
+                error_code=error,
+                error_message=f"broker {request.broker_id} epoch {request.broker_epoch}: "
+                f"{error.name}, register again",
+            )
+
+    async def WatchMetadata(
+        self, request: pb.WatchMetadataRequest, context: Context
+    ) -> AsyncIterator[pb.MetadataUpdate]:
+        try:
+            term = self._controller.require_term()
+        except NotActiveError:
+            await self._not_active(context)
+        error = term.state.broker_error(request.broker_id, request.broker_epoch)
+        if error is not ErrorCode.NONE:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{error.name}: broker {request.broker_id} epoch {request.broker_epoch} "
+                "is not current, register again",
+                ((ERROR_CODE_KEY, str(int(error))),),
+            )
+        subscription = term.subscribe()
+        try:
+            while (update := await subscription.next()) is not None:
+                yield update
+        finally:
+            term.unsubscribe(subscription)
+        assert subscription.ended is not None
+        code, details = subscription.ended
+        if details == NOT_ACTIVE:
+            await self._not_active(context)
+        await context.abort(code, details)
+
+    async def AlterPartition(
+        self, request: pb.AlterPartitionRequest, context: Context
+    ) -> pb.AlterPartitionReply:
+        changes = [
+            IsrChange(c.topic_id, c.partition, c.leader_epoch, c.partition_epoch, tuple(c.new_isr))
+            for c in request.changes
+        ]
+        with self._metrics.rpc("AlterPartition"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        results, change = term.state.alter_partition(
+                            request.broker_id, request.broker_epoch, changes
+                        )
+                    except KafkaError as exc:
+                        log.info("AlterPartition from broker %d: %s", request.broker_id, exc)
+                        return pb.AlterPartitionReply(error_code=exc.code)
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        return pb.AlterPartitionReply(
+            results=[
+                pb.PartitionChangeResult(
+                    topic_id=r.topic_id,
+                    partition=r.partition,
+                    error_code=r.error,
+                    state=None if r.state is None else messages.partition(r.partition, r.state),
+                )
+                for r in results
+            ]
+        )
+
+    # Topics -----------------------------------------------------------------------------
+
+    async def CreateTopics(
+        self, request: pb.CreateTopicsRequest, context: Context
+    ) -> pb.TopicsReply:
+        def plan(new: pb.NewTopic) -> TopicPlan:
+            def run(state: ClusterState) -> tuple[Topic, Change]:
+                change = state.create_topic(
+                    new.name, new.partitions, new.replication_factor, dict(new.configs)
+                )
+                return change.topics[0], change
+
+            return run
+
+        names = [new.name for new in request.topics]
+        plans = [(new.name, b"", plan(new)) for new in request.topics]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                plans[index] = (name, b"", _refuse(name, "named twice in the request"))
+        return await self._topics("CreateTopics", context, plans, request.validate_only)
+
+    async def DeleteTopics(
+        self, request: pb.DeleteTopicsRequest, context: Context
+    ) -> pb.TopicsReply:
+        def plan(ref: pb.TopicRef) -> TopicPlan:
+            def run(state: ClusterState) -> tuple[Topic, Change]:
+                if not ref.name and not ref.topic_id:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, "neither a name nor an id")
+                topic = state.find_topic(ref.name, ref.topic_id)
+                return topic, state.delete_topic(topic_id=topic.topic_id)
+
+            return run
+
+        plans = [(ref.name, ref.topic_id, plan(ref)) for ref in request.topics]
+        return await self._topics("DeleteTopics", context, plans, validate_only=False)
+
+    async def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: Context
+    ) -> pb.TopicsReply:
+        def plan(increase: pb.PartitionIncrease) -> TopicPlan:
+            def run(state: ClusterState) -> tuple[Topic, Change]:
+                change = state.create_partitions(increase.name, increase.count)
+                return change.topics[0], change
+
+            return run
+
+        plans = [(item.name, b"", plan(item)) for item in request.topics]
+        return await self._topics("CreatePartitions", context, plans, request.validate_only)
+
+    async def AlterConfigs(
+        self, request: pb.AlterConfigsRequest, context: Context
+    ) -> pb.TopicsReply:
+        def plan(alteration: pb.ConfigAlteration) -> TopicPlan:
+            def run(state: ClusterState) -> tuple[Topic, Change]:
+                change = state.alter_configs(
+                    alteration.name, dict(alteration.set), alteration.delete
+                )
+                topic = change.topics[0] if change.topics else state.find_topic(alteration.name)
+                return topic, change
+
+            return run
+
+        plans = [(item.name, b"", plan(item)) for item in request.topics]
+        # unclean.leader.election.enable may have changed: leaderless partitions may lead.
+        return await self._topics("AlterConfigs", context, plans, request.validate_only, kick=True)
+
+    async def _topics(
+        self,
+        method: str,
+        context: Context,
+        plans: Iterable[tuple[str, bytes, TopicPlan]],
+        validate_only: bool,
+        *,
+        kick: bool = False,
+    ) -> pb.TopicsReply:
+        """Each topic planned and committed on its own: one transaction per topic."""
+        results = []
+        with self._metrics.rpc(method):
+            try:
+                term = self._controller.require_term()
+                for name, topic_id, plan in plans:
+                    results.append(
+                        await self._topic(term, method, name, topic_id, plan, validate_only)
+                    )
+            except NotActiveError:
+                await self._not_active(context)
+        if kick and not validate_only:
+            term.kick()
+        return pb.TopicsReply(results=results)
+
+    async def _topic(
+        self,
+        term: Term,
+        method: str,
+        name: str,
+        topic_id: bytes,
+        plan: TopicPlan,
+        validate_only: bool,
+    ) -> pb.TopicResult:
+        async with term.lock:
+            try:
+                topic, change = plan(term.state)
+            except KafkaError as exc:
+                log.info("%s %r refused: %s", method, name or topic_id.hex(), exc)
+                return pb.TopicResult(
+                    name=name, topic_id=topic_id, error_code=exc.code, error_message=str(exc)
+                )
+            if not validate_only:
+                await term.commit(change)
+                log.info("%s %r done", method, topic.name)
+        return pb.TopicResult(
+            name=topic.name,
+            topic_id=topic.topic_id,
+            partitions=len(topic.partitions),
+            replication_factor=topic.replication_factor,
+        )
+
+    async def _not_active(self, context: Context) -> NoReturn:
+        address = self._controller.active_address
+        metadata = ((ACTIVE_CONTROLLER_KEY, address),) if address else ()
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NOT_ACTIVE, metadata)
+
+
+def _refuse(name: str, why: str) -> TopicPlan:
+    def run(state: ClusterState) -> tuple[Topic, Change]:
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"topic {name!r} {why}")
+
+    return run

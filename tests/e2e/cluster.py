@@ -1,0 +1,143 @@
+"""A whole Directlog cluster as subprocesses for end-to-end tests: a consensus ensemble,
+controllers and brokers, on free ports under one work directory.
+
+    with Cluster(tmp_path, brokers=3) as cluster:
+        Producer({"bootstrap.servers": cluster.bootstrap})
+
+Timeouts are short (broker sessions of a few seconds) so failover tests finish quickly;
+every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from tests.e2e.broker import BrokerProcess
+from tests.e2e.controller import ControllerProcess
+from tests.e2e.ensemble import Ensemble
+
+BROKER_SESSION_MS = 2000
+FAST_BROKER = {
+    "heartbeat_interval_ms": 250,
+    "replica_lag_time_max_ms": 3000,
+    "replica_fetch_backoff_ms": 100,
+    "housekeeping_interval_ms": 250,
+}
+
+
+class Cluster:
+    def __init__(
+        self,
+        work_dir: Path,
+        brokers: int = 1,
+        *,
+        consensus_members: int = 1,
+        controllers: int = 1,
+        broker_settings: dict[str, Any] | None = None,
+        controller_settings: dict[str, Any] | None = None,
+        racks: dict[int, str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.ensemble = Ensemble(self.work_dir / "consensus", size=consensus_members)
+        self.controllers = [
+            ControllerProcess(
+                self.work_dir,
+                self.ensemble.hosts,
+                controller_id=i,
+                settings={
+                    "broker_session_timeout_ms": BROKER_SESSION_MS,
+                    **(controller_settings or {}),
+                },
+            )
+            for i in range(controllers)
+        ]
+        self.broker_settings = {**FAST_BROKER, **(broker_settings or {})}
+        self.racks = dict(racks or {})
+        self.brokers: dict[int, BrokerProcess] = {}
+        self._broker_count = brokers
+        self.controller_addresses = ""  # known once the controllers listen
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers.values() if b.running)
+
+    def start(self) -> Cluster:
+        try:
+            self.ensemble.start()
+            self.ensemble.wait_serving()
+            for controller in self.controllers:
+                controller.start()
+            self.controller_addresses = ",".join(c.address for c in self.controllers)
+            for node_id in range(self._broker_count):
+                self.add_broker(node_id)
+            self.wait_live(set(self.brokers))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_broker(self, node_id: int) -> BrokerProcess:
+        settings = dict(self.broker_settings)
+        if node_id in self.racks:
+            settings["rack"] = self.racks[node_id]
+        broker = BrokerProcess(
+            self.work_dir / f"broker-{node_id}",
+            controllers=self.controller_addresses,
+            node_id=node_id,
+            settings=settings,
+        )
+        self.brokers[node_id] = broker
+        return broker.start()
+
+    def wait_live(self, expected: set[int], timeout: float = 30.0) -> None:
+        """Until Metadata lists exactly `expected` as the live brokers."""
+        wait_for(lambda: self.live_brokers() == expected, timeout, f"live brokers {expected}")
+
+    def live_brokers(self) -> set[int]:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return set(admin.list_topics(timeout=5).brokers)
+
+    def stop(self) -> None:
+        for broker in self.brokers.values():
+            broker.stop()
+        for controller in self.controllers:
+            controller.stop()
+        self.ensemble.stop()
+
+    def logs(self, lines: int = 60) -> str:
+        parts = [f"--- broker {i}\n{b.stderr_tail(lines)}" for i, b in self.brokers.items()]
+        parts += [
+            f"--- controller {c.controller_id}\n{c.stderr_tail(lines)}" for c in self.controllers
+        ]
+        return "\n".join(parts)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
