@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 ACTIVE_CONTROLLER = "active-controller"
 RETRY_SECONDS = 0.2
 CALL_TIMEOUT = 10.0
+HEARTBEAT_TIMEOUT_FLOOR = 1.0
 MAX_IMAGE_BYTES = 256 * 1024 * 1024  # a full image of a large cluster is one message
 Reply = TypeVar("Reply")
 
@@ -58,6 +59,7 @@ class ControllerLink:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._active = self.addresses[0]
         self._tasks: list[asyncio.Task[None]] = []
+        self._stream: grpc.aio.UnaryStreamCall[Any, pb.MetadataUpdate] | None = None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -81,7 +83,10 @@ class ControllerLink:
         return rpc.ControllerStub(channel)  # type: ignore[no-untyped-call]  # generated code
 
     async def call(
-        self, method: Callable[[rpc.ControllerStub], Callable[..., Awaitable[Reply]]], request: Any
+        self,
+        method: Callable[[rpc.ControllerStub], Callable[..., Awaitable[Reply]]],
+        request: Any,
+        timeout: float = CALL_TIMEOUT,
     ) -> Reply:
         """One unary call on the active controller, found by following standbys' hints and
         trying each address in turn; raises ControllerUnavailableError when none answers."""
@@ -90,10 +95,14 @@ class ControllerLink:
         while True:
             tried.add(address)
             try:
-                reply = await method(self._stub(address))(request, timeout=CALL_TIMEOUT)
+                reply = await method(self._stub(address))(request, timeout=timeout)
                 self._active = address
                 return reply
             except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # The connection may be dead silent (a partition drops packets, no
+                    # reset): the next call gets a new one rather than queueing on it.
+                    self._forget(address)
                 hint = _active_hint(error)
                 if hint and hint not in tried:
                     address = hint
@@ -104,6 +113,11 @@ class ControllerLink:
                         f"no active controller among {self.addresses}: {error.details()}"
                     ) from error
                 address = remaining[0]
+
+    def _forget(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            asyncio.get_running_loop().create_task(channel.close())
 
     # Registration and heartbeats -----------------------------------------------------------
 
@@ -118,6 +132,7 @@ class ControllerLink:
                         pb.HeartbeatRequest(
                             broker_id=self.broker_id, broker_epoch=self.broker_epoch
                         ),
+                        timeout=max(HEARTBEAT_TIMEOUT_FLOOR, 3 * self.heartbeat_seconds),
                     )
                     if reply.error_code != ErrorCode.NONE:
                         log.warning(
@@ -145,6 +160,8 @@ class ControllerLink:
             if reply.error_code == ErrorCode.NONE:
                 self.broker_epoch = reply.broker_epoch
                 self.registered.set()
+                if self._stream is not None:
+                    self._stream.cancel()  # watch again under the new epoch: a full image
                 log.info("registered as broker %d, epoch %d", self.broker_id, self.broker_epoch)
                 return
             log.info("registration refused, retrying: %s", reply.error_message)
@@ -157,7 +174,7 @@ class ControllerLink:
             await self.registered.wait()
             address = self._active
             try:
-                stream = self._stub(address).WatchMetadata(
+                stream = self._stream = self._stub(address).WatchMetadata(
                     pb.WatchMetadataRequest(
                         broker_id=self.broker_id, broker_epoch=self.broker_epoch
                     )
@@ -165,6 +182,13 @@ class ControllerLink:
                 async for update in stream:
                     self.on_update(update)
                     self.first_image.set()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the link is closing
+                # The call was cancelled: replaced after registering again, or its channel
+                # dropped after a silent connection.
+                log.info("metadata stream from %s cancelled; watching again", address)
             except grpc.aio.AioRpcError as error:
                 hint = _active_hint(error)
                 if hint:
@@ -188,6 +212,20 @@ class ControllerLink:
                 broker_id=self.broker_id, broker_epoch=self.broker_epoch, changes=changes
             ),
         )
+
+    async def controlled_shutdown(self) -> int:
+        """Ask the active controller to move this broker's leaderships and ISR memberships
+        to other brokers before it stops. Returns how many partitions it still leads because
+        no other ISR member could take them; raises ControllerUnavailableError when no
+        controller answers, KafkaError when the controller refuses (this broker is not
+        registered under its current epoch)."""
+        reply = await self.call(
+            lambda s: s.ControlledShutdown,
+            pb.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch),
+        )
+        if reply.error_code != ErrorCode.NONE:
+            raise KafkaError(ErrorCode(reply.error_code), reply.error_message)
+        return int(reply.remaining_leaderships)
 
 
 def _active_hint(error: grpc.aio.AioRpcError) -> str | None:

@@ -1,7 +1,8 @@
 """`python -m services.broker` / `directlog-broker`: run one broker in the foreground.
 
 The broker binds its Kafka port, registers with the controller, and starts answering
-clients once it holds the controller's cluster image.
+clients once it holds the controller's cluster image. SIGTERM or SIGINT first hands its
+partitions over (controlled shutdown), then stops it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import uvloop
 
 from directlog import heap
+from directlog.protocol.errors import KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import LogConfig
 from services.broker.apis import KafkaApis
@@ -31,6 +33,8 @@ from services.broker.settings import BrokerSettings
 from services.broker.storage.log_manager import LogManager
 
 log = logging.getLogger("directlog.broker")
+
+SHUTDOWN_POLL_SECONDS = 0.02  # how often a controlled shutdown looks at the image
 
 
 class ClusterIdMismatchError(RuntimeError):
@@ -118,6 +122,9 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             )
             heap.settle()
             await _first(stop, stop, failure)
+            await controlled_shutdown(
+                link, image, settings.node_id, settings.controlled_shutdown_timeout_ms / 1000
+            )
     finally:
         log.info("stopping")
         housekeeping.cancel()
@@ -127,6 +134,63 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")
+
+
+async def controlled_shutdown(
+    link: ControllerLink, image: ClusterImage, broker_id: int, timeout: float
+) -> None:
+    """Before stopping: ask the controller to move this broker's leaderships and ISR
+    memberships away, then keep serving until the image shows it leads no partition that
+    another live ISR member could lead, for at most ``timeout`` seconds. Followers keep
+    fetching from it until the new leaders reach their images, and the controller is
+    asked again if a new one takes over meanwhile (the mark lives in its memory). When no
+    controller answers it logs one line and returns: the broker stops anyway."""
+    if timeout <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    asked: int | None = None  # the controller epoch asked last
+    while True:
+        if asked != image.controller_epoch:
+            asked = image.controller_epoch
+            try:
+                remaining = await asyncio.wait_for(
+                    link.controlled_shutdown(), max(deadline - loop.time(), 0.001)
+                )
+            except (KafkaError, TimeoutError) as error:
+                log.warning(
+                    "controlled shutdown skipped, stopping anyway: %s",
+                    str(error) or "the controller did not answer in time",
+                )
+                return
+            log.info(
+                "controlled shutdown: the controller moved what it could; "
+                "%d partitions have no other in-sync replica and stay led here",
+                remaining,
+            )
+        movable = _movable_leaderships(image, broker_id)
+        if not movable:
+            log.info("controlled shutdown done: no partition that another replica can lead")
+            return
+        if loop.time() >= deadline:
+            log.warning(
+                "controlled shutdown timed out after %.1f s; still leading %d partitions "
+                "with other in-sync replicas",
+                timeout,
+                movable,
+            )
+            return
+        await asyncio.sleep(SHUTDOWN_POLL_SECONDS)
+
+
+def _movable_leaderships(image: ClusterImage, broker_id: int) -> int:
+    """Partitions this broker leads, per its image, whose ISR has another unfenced member."""
+    live = {b.broker_id for b in image.live_brokers()}
+    return sum(
+        p.leader == broker_id and any(b != broker_id and b in live for b in p.isr)
+        for topic in image.topics.values()
+        for p in topic.partitions.values()
+    )
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, failure: asyncio.Future[None]) -> None:

@@ -223,8 +223,14 @@ class Partition:
     def isr_change_settled(self, info: PartitionInfo | None) -> None:
         """The controller answered an ISR change (with the state now in force, or None)."""
         self.pending_isr = None
-        if info is not None and self.is_leader and info.partition_epoch > self.info.partition_epoch:
-            self.info = info
+        if (
+            info is not None
+            and self.is_leader
+            and info.leader == self.local_id
+            and info.leader_epoch == self.info.leader_epoch
+            and info.partition_epoch > self.info.partition_epoch
+        ):
+            self.info = info  # leadership moved on otherwise: the image will say so
         self.maybe_advance_high_watermark()
 
     def maybe_advance_high_watermark(self) -> bool:

@@ -167,9 +167,6 @@ class ReplicaFetcher:
                 state.truncating = False  # nothing written under any epoch: nothing to cut
         if not asking:
             return
-        by_topic: dict[str, list[FollowState]] = {}
-        for state in asking:
-            by_topic.setdefault(state.partition.tp.topic, []).append(state)
         request = OffsetForLeaderEpochRequest(
             version=EPOCH_VERSION,
             replica_id=self.settings.broker_id,
@@ -185,7 +182,7 @@ class ReplicaFetcher:
                         for s in group
                     ],
                 )
-                for topic, group in by_topic.items()
+                for topic, group in _by_topic(asking).items()
             ],
         )
         response = await connection.request(request, OffsetForLeaderEpochResponse, self._client_id)
@@ -234,9 +231,6 @@ class ReplicaFetcher:
         states = self._ready(truncating=False)
         if not states:
             return False
-        by_topic: dict[str, list[FollowState]] = {}
-        for state in states:
-            by_topic.setdefault(state.partition.tp.topic, []).append(state)
         offsets = {state.partition.tp: state.partition.log.log_end_offset for state in states}
         request = FetchRequest(
             version=FETCH_VERSION,
@@ -262,7 +256,7 @@ class ReplicaFetcher:
                         for s in group
                     ],
                 )
-                for topic, group in by_topic.items()
+                for topic, group in _by_topic(states).items()
             ],
             forgotten_topics_data=[],
             rack_id="",
@@ -312,6 +306,13 @@ class ReplicaFetcher:
     @property
     def _client_id(self) -> str:
         return f"directlog-replica-{self.settings.broker_id}"
+
+
+def _by_topic(states: list[FollowState]) -> dict[str, list[FollowState]]:
+    grouped: dict[str, list[FollowState]] = {}
+    for state in states:
+        grouped.setdefault(state.partition.tp.topic, []).append(state)
+    return grouped
 
 
 def _whole_batches(records: bytes) -> int:

@@ -27,6 +27,9 @@ class BrokerSettings(ServiceSettings):
     # The controllers, any of them (standbys point to the active one).
     controllers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9190"], min_length=1)
     heartbeat_interval_ms: int = Field(1000, ge=10)
+    # On SIGTERM/SIGINT: how long to wait, at most, for the controller to move this broker's
+    # leaderships away before stopping (0: stop at once, as after a crash).
+    controlled_shutdown_timeout_ms: int = Field(10000, ge=0)
     auto_create_topics: bool = True
     socket_request_max_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     log_defaults: dict[str, str] = Field(default_factory=dict)  # topic configs, Kafka names

@@ -6,9 +6,9 @@ leaves the image alone; the caller commits the ops in one fenced transaction and
 calls ``apply``. So a change that fails to commit leaves no trace, and tests drive every
 rule here with plain values and a fake clock.
 
-Broker liveness lives only here, in memory (``heartbeat`` and ``fence_expired`` change it
-directly, nothing is stored): a new active controller starts with every registered broker
-alive for one session timeout.
+Broker liveness lives only here, in memory (``heartbeat``, ``fence_expired`` and
+``begin_controlled_shutdown`` change it directly, nothing is stored): a new active controller
+starts with every registered broker alive for one session timeout, and none shutting down.
 """
 
 from __future__ import annotations
@@ -114,6 +114,10 @@ class ClusterState:
         # the old controller until it finds this one.
         self.last_seen = dict.fromkeys(self.brokers, now)
         self.fenced: set[int] = set()
+        # Alive brokers in controlled shutdown: never new leaders or ISR members, and no
+        # obstacle to a new incarnation of their id. A registration (a new session) or
+        # fencing ends it.
+        self.shutting_down: set[int] = set()
         self.partition_count = sum(len(t.partitions) for t in self.topics.values())
         self.offline_count = sum(_offline(t) for t in self.topics.values())
 
@@ -128,8 +132,9 @@ class ClusterState:
         now: float,
     ) -> Change:
         """A new broker epoch for the broker. Refused while another incarnation of the id is
-        alive: that is a second process with the same id, or a restart that came back
-        before its old session ended (the broker retries until it has)."""
+        alive and not shutting down: that is a second process with the same id, or a
+        restart that came back before its old session ended (the broker retries until it
+        has). One that shut down in a controlled way gives its id up at once."""
         if broker_id < 0:
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"broker id {broker_id} is negative")
         if not incarnation_id:
@@ -140,7 +145,12 @@ class ClusterState:
             if not listener.name or not listener.host or not 0 < listener.port <= 65535:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"bad listener {listener}")
         old = self.brokers.get(broker_id)
-        if old is not None and old.incarnation_id != incarnation_id and self.alive(broker_id, now):
+        if (
+            old is not None
+            and old.incarnation_id != incarnation_id
+            and self.alive(broker_id, now)
+            and broker_id not in self.shutting_down
+        ):
             raise KafkaError(
                 ErrorCode.DUPLICATE_BROKER_REGISTRATION,
                 f"broker {broker_id} is registered by incarnation {old.incarnation_id}, "
@@ -183,6 +193,7 @@ class ClusterState:
         partitions). Returns them."""
         expired = sorted(b for b in self.brokers if b not in self.fenced and not self.alive(b, now))
         self.fenced.update(expired)
+        self.shutting_down.difference_update(expired)
         return expired
 
     def next_expiry(self) -> float | None:
@@ -191,23 +202,51 @@ class ClusterState:
         return min(live) + self.session_timeout if live else None
 
     def unfenced(self) -> dict[int, str | None]:
-        """Brokers new replicas may go to, with their racks."""
-        return {b: r.rack for b, r in sorted(self.brokers.items()) if b not in self.fenced}
+        """Brokers new replicas may go to, with their racks: neither fenced nor shutting
+        down (a new partition's first replica leads it)."""
+        return {
+            b: r.rack
+            for b, r in sorted(self.brokers.items())
+            if b not in self.fenced and b not in self.shutting_down
+        }
+
+    def begin_controlled_shutdown(self, broker_id: int, broker_epoch: int) -> bool:
+        """Mark the broker as shutting down (in memory; ``elect`` then moves its leaderships
+        and ISR memberships). True the first time, False when it already was; raises
+        STALE_BROKER_EPOCH or BROKER_ID_NOT_REGISTERED for a broker that is not current."""
+        error = self.broker_error(broker_id, broker_epoch)
+        if error is not ErrorCode.NONE:
+            raise KafkaError(
+                error, f"broker {broker_id} epoch {broker_epoch}: {error.name}, nothing to move"
+            )
+        if broker_id in self.shutting_down:
+            return False
+        self.shutting_down.add(broker_id)
+        return True
+
+    def leaderships(self, broker_id: int) -> int:
+        """Partitions the broker leads."""
+        return sum(
+            p.leader == broker_id for topic in self.topics.values() for p in topic.partitions
+        )
 
     # Leadership -------------------------------------------------------------------------
 
     def elect(self, limit: int = 500) -> Change | None:
-        """Up to ``limit`` partition changes the fenced set calls for, or None when there
-        are none: fenced brokers leave ISRs (the last member stays), partitions whose
-        leader is fenced or missing get the first live ISR replica in replica order, or
-        with unclean election enabled the first live replica. Applying the result makes
-        those partitions need nothing more, so calling until None reaches a fixed point."""
+        """Up to ``limit`` partition changes the fenced and shutting-down sets call for, or
+        None when there are none: those brokers leave ISRs (the last member stays),
+        partitions whose leader is fenced, missing, or shutting down with another ISR member
+        get the first eligible ISR replica in replica order, or with unclean election
+        enabled the first eligible replica. A shutting-down broker that is the last ISR
+        member keeps leading: nothing else can. Applying the result makes those partitions
+        need nothing more, so calling until None reaches a fixed point."""
         updates: dict[bytes, dict[int, PartitionState]] = {}
         found = 0
+        ineligible = frozenset(self.fenced | self.shutting_down)
         for topic_id, topic in self.topics.items():
             unclean = _unclean_enabled(topic)
             for index, state in enumerate(topic.partitions):
-                new = self._reelected(state, unclean)
+                new = self._reelected(state, unclean, ineligible)
                 if new is not None:
                     updates.setdefault(topic_id, {})[index] = new
                     found += 1
@@ -215,19 +254,25 @@ class ClusterState:
                         return self._partition_change(updates)
         return self._partition_change(updates) if updates else None
 
-    def _reelected(self, state: PartitionState, unclean: bool) -> PartitionState | None:
-        isr = tuple(b for b in state.isr if b not in self.fenced)
+    def _reelected(
+        self, state: PartitionState, unclean: bool, ineligible: frozenset[int]
+    ) -> PartitionState | None:
+        """The state ``state`` should move to, or None. ``ineligible``: the fenced and the
+        shutting-down brokers; of those, only the fenced lose a leadership they hold
+        alone."""
+        isr = tuple(b for b in state.isr if b not in ineligible)
         if not isr:
             # Kafka keeps the last ISR member: it holds every committed record, so it is
-            # the one to lead again when it comes back.
+            # the one to lead again when it comes back (or, shutting down, to lead on
+            # until it goes).
             isr = (state.leader,) if state.leader in state.isr else state.isr[:1]
         leader = state.leader
         if leader == NO_LEADER or leader in self.fenced or leader not in isr:
             leader = next(
-                (b for b in state.replicas if b in isr and b not in self.fenced), NO_LEADER
+                (b for b in state.replicas if b in isr and b not in ineligible), NO_LEADER
             )
             if leader == NO_LEADER and unclean:
-                live = [b for b in state.replicas if b not in self.fenced]
+                live = [b for b in state.replicas if b not in ineligible]
                 if live:
                     leader, isr = live[0], (live[0],)
         if leader == state.leader and isr == state.isr:
@@ -291,7 +336,10 @@ class ClusterState:
         if len(set(change.new_isr)) != len(change.new_isr):
             return ErrorCode.INVALID_REQUEST
         if broker_id not in change.new_isr or any(
-            b not in state.replicas or b in self.fenced for b in change.new_isr
+            b not in state.replicas
+            or b in self.fenced
+            or (b in self.shutting_down and b not in state.isr)
+            for b in change.new_isr
         ):
             return ErrorCode.INELIGIBLE_REPLICA
         return ErrorCode.NONE
@@ -471,11 +519,13 @@ class ClusterState:
     # Applying a committed change --------------------------------------------------------
 
     def apply(self, change: Change, now: float) -> None:
-        """Make the image what the store now holds. A broker that registered is alive."""
+        """Make the image what the store now holds. A broker that registered is alive, and
+        not shutting down (a new session, most often a new incarnation)."""
         for registration in change.brokers:
             self.brokers[registration.broker_id] = registration
             self.last_seen[registration.broker_id] = now
             self.fenced.discard(registration.broker_id)
+            self.shutting_down.discard(registration.broker_id)
         if change.last_broker_epoch is not None:
             self.last_broker_epoch = change.last_broker_epoch
         for topic_id in change.delta.deleted_topic_ids:

@@ -85,6 +85,12 @@ class Term:
         self._metrics.committed(change)
         self.publish(change.delta)
 
+    async def elect(self) -> None:
+        """Commit, in chunks, the partition changes the fenced and shutting-down brokers
+        call for, until none is left. The caller holds ``lock``."""
+        while (change := self.state.elect()) is not None:
+            await self.commit(change)
+
     def publish(self, delta: Delta) -> None:
         self._metrics.observe(self.state)
         self.version += 1
@@ -140,8 +146,7 @@ class Term:
                     if fenced:
                         log.warning("fenced brokers %s: no heartbeat for the session", fenced)
                         self.publish(Delta())
-                    while (change := self.state.elect()) is not None:
-                        await self.commit(change)
+                    await self.elect()
                 expiry = self.state.next_expiry()
                 timeout = self.state.session_timeout
                 if expiry is not None:

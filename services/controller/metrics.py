@@ -52,6 +52,11 @@ class ControllerMetrics:
         self.isr_changes = Counter(
             "directlog_controller_isr_changes", "Partition ISR changes committed", registry=r
         )
+        self.controlled_shutdowns = Counter(
+            "directlog_controller_controlled_shutdowns",
+            "Brokers that began a controlled shutdown (repeated calls count once)",
+            registry=r,
+        )
         self.metadata_streams = Gauge(
             "directlog_controller_metadata_streams", "Open WatchMetadata streams", registry=r
         )

@@ -130,6 +130,10 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                     await term.commit(change)
             except NotActiveError:
                 await self._not_active(context)
+        if change.ops and term.state.shutting_down:
+            # A shutting-down leader that was its partition's only ISR member may just have
+            # let a follower in: that follower can take the partition over now.
+            term.kick()
         return pb.AlterPartitionReply(
             results=[
                 pb.PartitionChangeResult(
@@ -141,6 +145,41 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 for r in results
             ]
         )
+
+    async def ControlledShutdown(
+        self, request: pb.ControlledShutdownRequest, context: Context
+    ) -> pb.ControlledShutdownReply:
+        """Mark the broker as shutting down and commit every move that calls for before
+        answering, so the broker only has to wait for its image to show them."""
+        broker_id = request.broker_id
+        with self._metrics.rpc("ControlledShutdown"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        first = term.state.begin_controlled_shutdown(
+                            broker_id, request.broker_epoch
+                        )
+                    except KafkaError as exc:
+                        log.info("ControlledShutdown of broker %d refused: %s", broker_id, exc)
+                        return pb.ControlledShutdownReply(
+                            error_code=exc.code, error_message=str(exc)
+                        )
+                    led = term.state.leaderships(broker_id)
+                    await term.elect()
+                    remaining = term.state.leaderships(broker_id)
+            except NotActiveError:
+                await self._not_active(context)
+        if first:
+            self._metrics.controlled_shutdowns.inc()
+        log.info(
+            "broker %d shutting down%s: %d leaderships moved, %d kept (sole ISR member)",
+            broker_id,
+            "" if first else " (asked again)",
+            led - remaining,
+            remaining,
+        )
+        return pb.ControlledShutdownReply(remaining_leaderships=remaining)
 
     # Topics -----------------------------------------------------------------------------
 

@@ -215,3 +215,15 @@ def test_follower_keeps_a_log_that_matches(tmp_path: Path) -> None:
     ReplicaFetcher._apply_epoch_end(state, leader_epoch=0, end_offset=10)
     assert state.partition.log.log_end_offset == 2
     assert state.truncating is False
+
+
+def test_a_refused_isr_change_naming_another_leader_leaves_leadership_to_the_image(
+    leader: Harness,
+) -> None:
+    p = leader.partition
+    p.maybe_shrink_isr(now_ms=10_000, lag_ms=LAG_MS)
+    assert leader.proposals == [(1,)]
+    # The controller answers with the state in force: broker 2 leads in epoch 1 now.
+    p.isr_change_settled(PartitionInfo(0, (1, 2, 3), 2, 1, (2, 3), 4))
+    assert p.info.leader == 1 and p.info.isr == (1, 2, 3)
+    assert p.pending_isr is None

@@ -6,6 +6,11 @@ controllers and brokers, on free ports under one work directory.
 
 Timeouts are short (broker sessions of a few seconds) so failover tests finish quickly;
 every wait is bounded.
+
+With ``networks`` (tests/e2e/netns.py, members 1..brokers+1), broker N runs in the network
+namespace of member N+1 and the consensus member and controllers in that of the last
+member, so a test can cut a broker off the controller and the other brokers
+(``networks.isolate(N + 1)``) while clients, in the root namespace, still reach it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.controller import ControllerProcess
 from tests.e2e.ensemble import Ensemble
+from tests.e2e.netns import MemberNetworks
 
 BROKER_SESSION_MS = 2000
 FAST_BROKER = {
@@ -42,9 +48,19 @@ class Cluster:
         broker_settings: dict[str, Any] | None = None,
         controller_settings: dict[str, Any] | None = None,
         racks: dict[int, str] | None = None,
+        networks: MemberNetworks | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
-        self.ensemble = Ensemble(self.work_dir / "consensus", size=consensus_members)
+        self.networks = networks
+        control = brokers + 1  # the namespace member of the consensus member and controllers
+        host = networks.address(control) if networks else "127.0.0.1"
+        prefix = networks.prefixes[control] if networks else []
+        self.ensemble = Ensemble(
+            self.work_dir / "consensus",
+            size=consensus_members,
+            member_hosts=dict.fromkeys(range(1, consensus_members + 1), host),
+            command_prefix=dict.fromkeys(range(1, consensus_members + 1), prefix),
+        )
         self.controllers = [
             ControllerProcess(
                 self.work_dir,
@@ -54,6 +70,8 @@ class Cluster:
                     "broker_session_timeout_ms": BROKER_SESSION_MS,
                     **(controller_settings or {}),
                 },
+                host=host,
+                command_prefix=prefix,
             )
             for i in range(controllers)
         ]
@@ -86,11 +104,14 @@ class Cluster:
         settings = dict(self.broker_settings)
         if node_id in self.racks:
             settings["rack"] = self.racks[node_id]
+        member = node_id + 1
         broker = BrokerProcess(
             self.work_dir / f"broker-{node_id}",
             controllers=self.controller_addresses,
             node_id=node_id,
             settings=settings,
+            host=self.networks.address(member) if self.networks else "127.0.0.1",
+            command_prefix=self.networks.prefixes[member] if self.networks else (),
         )
         self.brokers[node_id] = broker
         return broker.start()

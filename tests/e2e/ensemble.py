@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from services.consensus.fourletter import ask
-from tests.e2e.broker import REPO_ROOT, _terminate_with_parent
+from tests.e2e.service_process import REPO_ROOT, _terminate_with_parent
 from tests.ports import free_port
 
 

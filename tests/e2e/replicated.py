@@ -34,16 +34,22 @@ def create_topic(cluster: Cluster) -> None:
     wait_for(lambda: all_in_sync(cluster), TIMEOUT, "the new topic's ISRs")
 
 
-def partitions(cluster: Cluster) -> dict[int, Any]:
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+def partitions(bootstrap: str) -> dict[int, Any]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     return dict(admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions)
 
 
 def all_in_sync(cluster: Cluster) -> bool:
-    found = partitions(cluster)
-    return len(found) == PARTITIONS and all(
-        p.leader >= 0 and sorted(p.isrs) == sorted(p.replicas) for p in found.values()
-    )
+    """Every running broker's own metadata shows every replica in sync (a broker that was
+    cut off may still hold an old image, so each is asked)."""
+    for broker in cluster.brokers.values():
+        if broker.running:
+            found = partitions(broker.bootstrap)
+            if len(found) != PARTITIONS or not all(
+                p.leader >= 0 and sorted(p.isrs) == sorted(p.replicas) for p in found.values()
+            ):
+                return False
+    return True
 
 
 class Load:
@@ -106,7 +112,10 @@ class Load:
 
 
 def read_back(cluster: Cluster) -> dict[int, list[tuple[int, bytes]]]:
-    """Every record of every partition, up to the high watermarks."""
+    """Every record of every partition, up to the high watermarks, once every broker's
+    image agrees that all replicas are in sync (a broker that was cut off may still call
+    itself leader, with a high watermark of before)."""
+    wait_for(lambda: all_in_sync(cluster), TIMEOUT, "every replica back in the ISR")
     consumer = Consumer(
         {
             "bootstrap.servers": cluster.bootstrap,
@@ -190,4 +199,4 @@ def check_replicas_identical(cluster: Cluster, stored: dict[int, list[tuple[int,
 
 
 def leader_of(cluster: Cluster, partition: int) -> int:
-    return int(partitions(cluster)[partition].leader)
+    return int(partitions(cluster.bootstrap)[partition].leader)

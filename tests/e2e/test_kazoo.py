@@ -61,8 +61,8 @@ from kazoo.security import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.consensus.fourletter import ask
-from tests.e2e.broker import REPO_ROOT
 from tests.e2e.ensemble import Ensemble
+from tests.e2e.service_process import REPO_ROOT
 from tests.e2e.zk_raw import (
     CREATE,
     EXISTS,
