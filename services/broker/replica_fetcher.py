@@ -16,26 +16,21 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from directlog.protocol import replica_fetch
 from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import LOG_OVERHEAD
+from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
 from services.broker.partition import Partition
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.protocol.consumer import (
-        FetchRequest,
-        FetchResponse,
-        OffsetForLeaderEpochRequest,
-        OffsetForLeaderEpochResponse,
-    )
+    from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
 
 log = logging.getLogger(__name__)
 
-FETCH_VERSION = 12  # current_leader_epoch, flexible; topics by name
 EPOCH_VERSION = 4
 UNDEFINED = -1
 CONNECT_TIMEOUT = 5.0
@@ -120,7 +115,7 @@ class ReplicaFetcher:
                     self._changed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), backoff)
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as error:
+            except (OSError, ConnectionError, TimeoutError, CorruptRecordError) as error:
                 log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
                 await self._disconnect()
                 await asyncio.sleep(backoff)
@@ -232,53 +227,43 @@ class ReplicaFetcher:
         if not states:
             return False
         offsets = {state.partition.tp: state.partition.log.log_end_offset for state in states}
-        request = FetchRequest(
-            version=FETCH_VERSION,
-            replica_id=self.settings.broker_id,
-            max_wait_ms=self.settings.wait_max_ms,
-            min_bytes=1,
-            max_bytes=self.settings.max_bytes,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[
-                FetchRequest.FetchTopic(
-                    topic=topic,
-                    partitions=[
-                        FetchRequest.FetchTopic.FetchPartition(
-                            partition=s.partition.tp.partition,
-                            current_leader_epoch=s.leader_epoch,
-                            fetch_offset=offsets[s.partition.tp],
-                            last_fetched_epoch=-1,
-                            log_start_offset=s.partition.log.log_start_offset,
-                            partition_max_bytes=self.settings.max_bytes,
-                        )
-                        for s in group
-                    ],
+        frame = replica_fetch.encode_request(
+            connection.next_correlation_id(),
+            self._client_id,
+            self.settings.broker_id,
+            self.settings.wait_max_ms,
+            self.settings.max_bytes,
+            [
+                replica_fetch.FetchPosition(
+                    s.partition.tp.topic,
+                    s.partition.tp.partition,
+                    s.leader_epoch,
+                    offsets[s.partition.tp],
+                    s.partition.log.log_start_offset,
+                    self.settings.max_bytes,
                 )
-                for topic, group in _by_topic(states).items()
+                for s in states
             ],
-            forgotten_topics_data=[],
-            rack_id="",
         )
-        response = await connection.request(request, FetchResponse, self._client_id)
-        if response.error_code != ErrorCode.NONE:
-            raise ConnectionError(f"fetch answered {_name(response.error_code)}")
-        for topic in response.responses:
-            for data in topic.partitions:
-                tp = TopicPartition(topic.topic, data.partition_index)
-                fetched = self.partitions.get(tp)
-                if fetched is None or tp not in offsets or fetched.truncating:
-                    continue
-                self._apply_fetched(fetched, offsets[tp], data)
-                fetched.lag = max(data.high_watermark - fetched.partition.log.log_end_offset, 0)
+        _, code, fetched = replica_fetch.decode_response(await connection.exchange(frame))
+        if code != ErrorCode.NONE:
+            raise ConnectionError(f"fetch answered {_name(code)}")
+        for data in fetched:
+            tp = TopicPartition(data.topic, data.partition)
+            state = self.partitions.get(tp)
+            if state is None or tp not in offsets or state.truncating:
+                continue
+            self._apply_fetched(state, offsets[tp], data)
+            state.lag = max(data.high_watermark - state.partition.log.log_end_offset, 0)
         return True
 
-    def _apply_fetched(self, state: FollowState, offset: int, data: Any) -> None:
+    def _apply_fetched(
+        self, state: FollowState, offset: int, data: replica_fetch.FetchedPartition
+    ) -> None:
         partition_log = state.partition.log
         code = data.error_code
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
-            leader_start: int = data.log_start_offset
+            leader_start = data.log_start_offset
             if offset < leader_start:
                 log.info(
                     "%s: leader's log starts at %d; restarting there",
@@ -296,12 +281,10 @@ class ReplicaFetcher:
             raise ConnectionError(f"{state.partition.tp}: fetch answered {_name(code)}")
         if partition_log.log_end_offset != offset:
             return  # truncated or appended meanwhile; the next round starts from the new end
-        records = data.records
-        whole = _whole_batches(records) if records else 0
+        whole = _whole_batches(data.records)
         if whole:
-            partition_log.append(memoryview(records)[:whole], assign_offsets=False)
-        high_watermark: int = data.high_watermark
-        partition_log.update_high_watermark(min(high_watermark, partition_log.log_end_offset))
+            partition_log.append(data.records[:whole], assign_offsets=False)
+        partition_log.update_high_watermark(min(data.high_watermark, partition_log.log_end_offset))
 
     @property
     def _client_id(self) -> str:
@@ -315,7 +298,7 @@ def _by_topic(states: list[FollowState]) -> dict[str, list[FollowState]]:
     return grouped
 
 
-def _whole_batches(records: bytes) -> int:
+def _whole_batches(records: memoryview) -> int:
     """The length of the whole record batches at the start of `records` (a fetch may end
     with a partial batch, which the next fetch brings whole)."""
     position = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from services.controller.model import PartitionState, Topic
 log = logging.getLogger("directlog.controller.store")
 
 T = TypeVar("T")
+STOP_SECONDS = 3.0  # how long a stopping controller waits for its session to close
 
 
 class StoreError(Exception):
@@ -74,9 +76,27 @@ class Store:
         self._client.start_async()
 
     async def stop(self) -> None:
-        """Close the session (its ephemeral controller znode goes with it)."""
-        await asyncio.to_thread(self._client.stop)
-        self._client.close()
+        """Close the session (its ephemeral controller znode goes with it), waiting at most
+        STOP_SECONDS: kazoo's stop waits up to ten seconds for a connection thread caught
+        reconnecting, and a stopping process must not. The wait runs on a daemon thread, so
+        one that overruns cannot hold the process at exit; the session then expires."""
+        loop = asyncio.get_running_loop()
+        stopped: asyncio.Future[None] = loop.create_future()
+
+        def stop_client() -> None:
+            try:
+                self._client.stop()
+                self._client.close()
+            finally:
+                _call_soon(loop, _settle, stopped)
+
+        threading.Thread(target=stop_client, name="kazoo-stop", daemon=True).start()
+        try:
+            await asyncio.wait_for(stopped, STOP_SECONDS)
+        except TimeoutError:
+            log.warning(
+                "the consensus session did not close in %.0f s; it will expire", STOP_SECONDS
+            )
 
     # Election ---------------------------------------------------------------------------
 
@@ -265,6 +285,11 @@ def _decode(decode: Callable[[bytes], T], data: bytes) -> T:
         return decode(data)
     except (ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
