@@ -13,6 +13,8 @@ import itertools
 import socket
 from typing import Any
 
+from directlog.waits import within
+
 _SIZE = 4
 MAX_RESPONSE_BYTES = 1 << 30
 
@@ -31,7 +33,7 @@ class KafkaConnection:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
+            await within(loop.sock_connect(sock, (host, port)), timeout)
         except BaseException:
             sock.close()
             raise

@@ -31,6 +31,7 @@ from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
+from directlog.waits import wait_event
 from services.broker.cluster_metadata import NO_LEADER, ClusterImage
 from services.broker.controller_link import ControllerLink
 from services.broker.error_codes import error_code_for
@@ -202,9 +203,7 @@ class KafkaApis:
             remaining = deadline - time.monotonic()
             if failed or total >= request.min_bytes or remaining <= 0:
                 break
-            try:
-                await asyncio.wait_for(waiter.wait(), remaining)
-            except TimeoutError:
+            if not await wait_event(waiter, remaining):
                 topics, total, failed = self._read_fetch(request, version, max_bytes)
                 break
         for topic in topics:
@@ -528,9 +527,7 @@ class KafkaApis:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
+            if not await wait_event(changed, remaining):
                 break
         return reply
 

@@ -22,6 +22,7 @@ from directlog import heap
 from directlog.protocol.errors import KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import LogConfig
+from directlog.waits import within
 from services.broker.apis import KafkaApis
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
@@ -154,7 +155,7 @@ async def controlled_shutdown(
         if asked != image.controller_epoch:
             asked = image.controller_epoch
             try:
-                remaining = await asyncio.wait_for(
+                remaining = await within(
                     link.controlled_shutdown(), max(deadline - loop.time(), 0.001)
                 )
             except (KafkaError, TimeoutError) as error:

@@ -23,6 +23,7 @@ from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.varint import Buffer
 from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition
+from directlog.waits import within
 from services.broker.cluster_metadata import PartitionInfo
 from services.broker.storage import AppendResult, PartitionLog
 
@@ -156,7 +157,7 @@ class Partition:
             future = asyncio.get_running_loop().create_future()
             self._waiters.append((offset, future))
             try:
-                await asyncio.wait_for(future, timeout)
+                await within(future, timeout)
             except TimeoutError:
                 raise KafkaError(
                     ErrorCode.REQUEST_TIMED_OUT,

@@ -11,7 +11,6 @@ follower's high watermark follows the leader's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import warnings
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import LOG_OVERHEAD
 from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
+from directlog.waits import wait_event
 from services.broker.partition import Partition
 
 with warnings.catch_warnings():
@@ -113,8 +113,7 @@ class ReplicaFetcher:
                 await self._truncate(connection)
                 if not await self._fetch(connection):
                     self._changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), backoff)
+                    await wait_event(self._changed, backoff)
             except (OSError, ConnectionError, TimeoutError, CorruptRecordError) as error:
                 log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
                 await self._disconnect()

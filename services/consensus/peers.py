@@ -29,6 +29,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Final, cast
 
+from directlog.waits import within
 from services.consensus.zab.messages import Message
 from services.consensus.zab.wire import FrameDecoder, WireError, encode
 
@@ -358,10 +359,7 @@ class PeerNetwork:
             host, port = self._peers[peer]
             link = _Link(self, peer)
             try:
-                await asyncio.wait_for(
-                    loop.create_connection(link.itself, host, port),
-                    HANDSHAKE_TIMEOUT,
-                )
+                await within(loop.create_connection(link.itself, host, port), HANDSHAKE_TIMEOUT)
             except (OSError, TimeoutError) as e:
                 failures += 1
                 if failures == 1:  # one line per outage, not one per retry

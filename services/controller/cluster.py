@@ -9,13 +9,16 @@ rule here with plain values and a fake clock.
 Broker liveness lives only here, in memory (``heartbeat``, ``fence_expired`` and
 ``begin_controlled_shutdown`` change it directly, nothing is stored): a new active controller
 starts with every registered broker alive for one session timeout, and none shutting down.
+Only a broker heard from since then (a heartbeat or a registration) is handed a leadership
+that is not forced (``elect_preferred``): the others may be dead and not yet fenced.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from directlog.protocol.errors import ErrorCode, KafkaError
@@ -56,6 +59,7 @@ class Change:
     last_broker_epoch: int | None = None
     leader_elections: int = 0  # partitions that got a new leader (not -1)
     unclean_elections: int = 0  # of which from outside the ISR
+    preferred_elections: int = 0  # of which back to the preferred replica (rebalance)
     isr_changes: int = 0
 
 
@@ -113,6 +117,7 @@ class ClusterState:
         # Every registration counts as alive from the takeover: its broker heartbeats to
         # the old controller until it finds this one.
         self.last_seen = dict.fromkeys(self.brokers, now)
+        self.loaded_at = now
         self.fenced: set[int] = set()
         # Alive brokers in controlled shutdown: never new leaders or ISR members, and no
         # obstacle to a new incarnation of their id. A registration (a new session) or
@@ -285,6 +290,75 @@ class ClusterState:
             isr=isr,
             partition_epoch=state.partition_epoch + 1,
         )
+
+    # Preferred leaders ------------------------------------------------------------------
+
+    def leader_imbalance(self) -> dict[int, tuple[int, int]]:
+        """Per preferred replica (the first of a partition's replicas): how many of the
+        partitions it should lead are led by another broker or by none, and how many it
+        should lead. Kafka's imbalance ratio is the first over the second."""
+        counts: dict[int, list[int]] = {}
+        for topic in self.topics.values():
+            for state in topic.partitions:
+                count = counts.setdefault(state.replicas[0], [0, 0])
+                count[0] += state.leader != state.replicas[0]
+                count[1] += 1
+        return {b: (other, total) for b, (other, total) in sorted(counts.items())}
+
+    def imbalanced_brokers(self, percentage: int) -> frozenset[int]:
+        """The preferred replicas whose imbalance ratio exceeds ``percentage`` % (Kafka's
+        leader.imbalance.per.broker.percentage): ``elect_preferred`` then moves every
+        partition it can back to them, not just enough to get under the threshold."""
+        assert 0 <= percentage <= 100, percentage
+        return frozenset(
+            b
+            for b, (other, total) in self.leader_imbalance().items()
+            if other * 100 > percentage * total
+        )
+
+    def can_take_leadership(self, broker_id: int, now: float) -> bool:
+        """Whether the broker may be given a leadership nothing forces on it: registered,
+        alive, not shutting down, and heard from since this controller took over (until
+        its first heartbeat to us a broker is only presumed alive: it may be dead and not
+        yet fenced)."""
+        return (
+            broker_id in self.brokers
+            and broker_id not in self.shutting_down
+            and self.alive(broker_id, now)
+            and self.last_seen[broker_id] > self.loaded_at
+        )
+
+    def elect_preferred(
+        self, brokers: Collection[int], now: float, limit: int = 500
+    ) -> Change | None:
+        """Up to ``limit`` partitions whose preferred replica is one of ``brokers`` (as
+        ``imbalanced_brokers`` gives them) and does not lead them, moved back to it, or None
+        when there are none: where it is in the ISR and can take a leadership
+        (``can_take_leadership``). leader_epoch and partition_epoch + 1, the ISR as it is.
+        Applying the result makes those partitions led by their preferred replica, so
+        calling until None reaches a fixed point."""
+        able = {b for b in brokers if self.can_take_leadership(b, now)}
+        candidates = (
+            (topic_id, index, state)
+            for topic_id, topic in self.topics.items()
+            for index, state in enumerate(topic.partitions)
+            if state.replicas[0] in able
+            and state.leader != state.replicas[0]
+            and state.replicas[0] in state.isr
+        )
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        for topic_id, index, state in itertools.islice(candidates, limit):
+            updates.setdefault(topic_id, {})[index] = replace(
+                state,
+                leader=state.replicas[0],
+                leader_epoch=state.leader_epoch + 1,
+                partition_epoch=state.partition_epoch + 1,
+            )
+        if not updates:
+            return None
+        change = self._partition_change(updates)
+        assert change.unclean_elections == 0, change
+        return replace(change, preferred_elections=change.leader_elections)
 
     def alter_partition(
         self, broker_id: int, broker_epoch: int, changes: Iterable[IsrChange]

@@ -5,6 +5,10 @@ and serves until a write fails, its connection to the ensemble drops, or it stop
 term ends: its streams are cut, its seat is freed if the store can still be reached, and the
 process campaigns again, reloading everything if it wins. A term never outlives a failed
 write or a lost connection, so its image never drifts from the store.
+
+Besides the RPCs, a term runs two background tasks that commit under it like any change:
+the reconciler (fencing and elections, at once) and, when enabled, the leader balancer
+(preferred leader elections, every check interval). Ending the term stops both.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
 from directlog.rpc.controller_pb2 import MetadataUpdate
+from directlog.waits import wait_event
 from services.controller import messages
 from services.controller.cluster import Change, ClusterState, Delta
 from services.controller.layout import ControllerRecord, Layout
@@ -38,6 +44,26 @@ class NotActiveError(Exception):
     """This process is not, or no longer, the active controller."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderBalance:
+    """Automatic preferred leader election (Kafka's auto.leader.rebalance.enable): every
+    ``interval`` seconds, partitions go back to their preferred replica for each broker
+    whose share of partitions it should lead but does not exceeds ``percentage`` %."""
+
+    interval: float
+    percentage: int
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> LeaderBalance | None:
+        """None when ``auto_leader_rebalance`` is off."""
+        if not settings.auto_leader_rebalance:
+            return None
+        return cls(
+            settings.leader_imbalance_check_interval_ms / 1000,
+            settings.leader_imbalance_per_broker_percentage,
+        )
+
+
 class Term:
     """One stretch as the active controller: its image, its write lock, its streams."""
 
@@ -51,7 +77,9 @@ class Term:
         clock: Callable[[], float],
         queue_limit: int,
         on_failure: Callable[[str], None],
+        leader_balance: LeaderBalance | None = None,
     ) -> None:
+        """``leader_balance``: None disables automatic preferred leader election."""
         self.record = won.record
         self.epoch_version = won.epoch_version
         self.state = state
@@ -65,7 +93,10 @@ class Term:
         self._on_failure = on_failure
         self._subscriptions: set[Subscription] = set()
         self._kick = asyncio.Event()
-        self._reconciler = asyncio.get_running_loop().create_task(self._reconcile())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._reconcile())]
+        if leader_balance is not None:
+            self._tasks.append(loop.create_task(self._balance_leaders(leader_balance)))
         metrics.observe(state)
 
     async def commit(self, change: Change) -> None:
@@ -90,6 +121,24 @@ class Term:
         call for, until none is left. The caller holds ``lock``."""
         while (change := self.state.elect()) is not None:
             await self.commit(change)
+
+    async def elect_preferred(self, percentage: int) -> int:
+        """Commit, in chunks, the moves back to their preferred replica of the partitions
+        of every broker whose imbalance exceeds ``percentage`` % (decided once, before the
+        first chunk, so a large move does not stop half way at the threshold). Returns how
+        many partitions moved. The caller holds ``lock``."""
+        brokers = self.state.imbalanced_brokers(percentage)
+        moved = 0
+        while (change := self.state.elect_preferred(brokers, self._clock())) is not None:
+            await self.commit(change)
+            moved += change.preferred_elections
+        if moved:
+            log.info(
+                "preferred leader election: %d partitions back to brokers %s",
+                moved,
+                sorted(brokers),
+            )
+        return moved
 
     def publish(self, delta: Delta) -> None:
         self._metrics.observe(self.state)
@@ -118,7 +167,8 @@ class Term:
 
     def end(self) -> None:
         self.ended.set()
-        self._reconciler.cancel()
+        for task in self._tasks:
+            task.cancel()
         for subscription in list(self._subscriptions):
             subscription.end(grpc.StatusCode.FAILED_PRECONDITION, NOT_ACTIVE)
             self._drop(subscription)
@@ -151,8 +201,7 @@ class Term:
                 timeout = self.state.session_timeout
                 if expiry is not None:
                     timeout = min(timeout, max(expiry - self._clock(), 0.0) + 0.001)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), timeout)
+                await wait_event(self._kick, timeout)
                 self._kick.clear()
         except NotActiveError:
             return
@@ -160,6 +209,22 @@ class Term:
             # Without its reconciler a term would never fence anyone: end it instead.
             log.exception("fencing and elections failed")
             self._on_failure("fencing and elections failed")
+
+    async def _balance_leaders(self, balance: LeaderBalance) -> None:
+        """Every ``balance.interval``, preferred leader elections (``elect_preferred``)."""
+        while True:
+            await asyncio.sleep(balance.interval)
+            try:
+                async with self.lock:
+                    await self.elect_preferred(balance.percentage)
+            except NotActiveError:
+                return
+            except Exception:
+                # A bug; whether it struck before a commit or while applying one, the image
+                # may not be the store's any more: end the term, as the reconciler does.
+                log.exception("preferred leader election failed")
+                self._on_failure("preferred leader election failed")
+                return
 
 
 class Controller:
@@ -227,8 +292,7 @@ class Controller:
 
     async def _campaign(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._connected.wait(), STANDBY_RECHECK)
+            await wait_event(self._connected, STANDBY_RECHECK)
             if not self._connected.is_set():
                 continue
             self._wake.clear()
@@ -262,8 +326,7 @@ class Controller:
                         outcome.epoch,
                     )
                 self.active = outcome
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), STANDBY_RECHECK)
+                await wait_event(self._wake, STANDBY_RECHECK)
 
     async def _lead(self, won: Won, disconnects: int) -> None:
         """Serve one term, from loading the image to stepping down."""
@@ -296,6 +359,7 @@ class Controller:
             clock=self.clock,
             queue_limit=settings.metadata_queue_limit,
             on_failure=self.step_down,
+            leader_balance=LeaderBalance.from_settings(settings),
         )
         self.term = term
         self.metrics.active.set(1)

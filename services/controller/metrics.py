@@ -49,6 +49,12 @@ class ControllerMetrics:
         )
         self._clean = self.leader_elections.labels("clean")
         self._unclean = self.leader_elections.labels("unclean")
+        self.preferred_elections = Counter(
+            "directlog_controller_preferred_leader_elections",
+            "Partitions whose leadership went back to their preferred replica (automatic "
+            "leader rebalance; also counted as clean leader elections)",
+            registry=r,
+        )
         self.isr_changes = Counter(
             "directlog_controller_isr_changes", "Partition ISR changes committed", registry=r
         )
@@ -83,6 +89,7 @@ class ControllerMetrics:
     def committed(self, change: Change) -> None:
         self._clean.inc(change.leader_elections - change.unclean_elections)
         self._unclean.inc(change.unclean_elections)
+        self.preferred_elections.inc(change.preferred_elections)
         self.isr_changes.inc(change.isr_changes)
 
     @contextmanager

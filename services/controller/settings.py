@@ -30,6 +30,12 @@ class ControllerSettings(ServiceSettings):
     default_replication_factor: int = Field(1, ge=1)  # CreateTopics with -1
     num_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)  # CreateTopics with -1
     metadata_queue_limit: int = Field(1000, ge=1)  # unread updates before a stream is cut
+    # Preferred leader election every interval for brokers whose share of partitions they
+    # should lead but do not exceeds the percentage (Kafka's auto.leader.rebalance.enable,
+    # leader.imbalance.check.interval.seconds, leader.imbalance.per.broker.percentage).
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_ms: int = Field(300_000, ge=10)
+    leader_imbalance_per_broker_percentage: int = Field(10, ge=0, le=100)
 
     @field_validator("root")
     @classmethod

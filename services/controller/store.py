@@ -27,6 +27,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, Rolle
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
+from directlog.waits import within
 from services.controller import layout
 from services.controller.cluster import Image
 from services.controller.layout import ControllerRecord, Create, Delete, Layout, SetData, StoreOp
@@ -92,7 +93,7 @@ class Store:
 
         threading.Thread(target=stop_client, name="kazoo-stop", daemon=True).start()
         try:
-            await asyncio.wait_for(stopped, STOP_SECONDS)
+            await within(stopped, STOP_SECONDS)
         except TimeoutError:
             log.warning(
                 "the consensus session did not close in %.0f s; it will expire", STOP_SECONDS
@@ -273,7 +274,7 @@ class Store:
 
         try:
             method(*args, **kwargs).rawlink(done)
-            return await asyncio.wait_for(future, self.op_timeout)
+            return await within(future, self.op_timeout)
         except KazooException as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         except TimeoutError as exc:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +44,7 @@ class StartError(RuntimeError):
     """The service exited, or printed no banner in time."""
 
 
-class ServiceProcess:
+class ServiceProcess(ABC):
     name = "service"
 
     def __init__(
@@ -66,13 +67,13 @@ class ServiceProcess:
         self.exit_codes: list[int] = []  # one per stop, in order; negative: killed by signal
         self.killed = False  # a stop had to fall back to SIGKILL
 
+    @abstractmethod
     def command(self) -> list[str]:
         """The service's argv (after the prefix); files it needs are written here."""
-        raise NotImplementedError
 
+    @abstractmethod
     def banner_read(self, banner: str) -> bool:
         """Take what the service printed so far; True once it names all it must."""
-        raise NotImplementedError
 
     # Lifecycle ------------------------------------------------------------------------
 
