@@ -5,8 +5,10 @@ NONE). The CRC32C in the header covers the bytes from `attributes` to the end, s
 can stamp `base_offset` and `partition_leader_epoch` in place without recomputing it.
 Every length read from a buffer is checked against the buffer before it is used.
 
-`scan_records` (C, in _scan.c) checks the framing of every record on the append path;
-`decode_records` here is the full decoder for readers and the reference in tests.
+`scan_records` (C, in _scan.c) checks the framing of every record on the append path, and
+`check_batch` (C too) everything read_header, verify_crc and scan_records check for one
+uncompressed batch; `decode_records` here is the full decoder for readers and the reference
+in tests.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
+from directlog.records._scan import check_batch as check_batch
 from directlog.records._scan import scan_records as scan_records
 from directlog.records.compression import Compression, compress, decompress
 from directlog.records.errors import (
@@ -56,6 +59,11 @@ CONTROL_FLAG = 0x20
 
 NO_TIMESTAMP = -1
 NO_PRODUCER_ID = -1
+
+# What check_batch returns for a batch it accepts: size, base_offset, partition_leader_epoch,
+# attributes, last_offset_delta, base_timestamp, max_timestamp, records_count, and the
+# smallest and largest record timestamp deltas.
+CheckedBatch = tuple[int, int, int, int, int, int, int, int, int, int]
 
 
 class TimestampType(IntEnum):

@@ -268,8 +268,9 @@ class PartitionLog:
         with self._lock:
             if self._pending:
                 raise ReservationStateError("append while reservations are pending")
-            plan = self._plan(buf, leader_epoch, assign_offsets)
-            self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp)
+            now = self._clock()
+            plan = self._plan(buf, leader_epoch, assign_offsets, now)
+            self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
             # Before the write, as Kafka does: an entry whose records a crash lost is cut at
             # the next open, while records without their epoch entry could not be repaired.
             if plan.stamp:
@@ -301,7 +302,7 @@ class PartitionLog:
                         "head segment full: commit pending reservations first"
                     )
             else:
-                self._maybe_roll(size, self.log_end_offset, None)
+                self._maybe_roll(size, self.log_end_offset, None, self._clock())
                 position = self._segments[-1].size
             segment = self._segments[-1]
             reservation = Reservation(segment, position, size, segment.log.region(position, size))
@@ -329,7 +330,7 @@ class PartitionLog:
                 raise ReservationStateError("only the newest reservation may commit short")
             region = reservation.buffer[:used]
             try:
-                plan = self._plan(region, leader_epoch, True)
+                plan = self._plan(region, leader_epoch, True, self._clock())
                 if leader_epoch > self.leader_epochs.latest_epoch:
                     self.leader_epochs.assign(leader_epoch, plan.first_offset)
             except Exception:
@@ -369,13 +370,15 @@ class PartitionLog:
         reservation.buffer.release()
         reservation.open = False
 
-    def _plan(self, buf: Buffer, leader_epoch: int, assign_offsets: bool) -> AppendPlan:
+    def _plan(
+        self, buf: Buffer, leader_epoch: int, assign_offsets: bool, now_ms: int
+    ) -> AppendPlan:
         plan = plan_append(
             buf,
             next_offset=self.log_end_offset,
             leader_epoch=leader_epoch,
             config=self.config,
-            now_ms=self._clock(),
+            now_ms=now_ms,
             assign_offsets=assign_offsets,
         )
         if plan.size > self.config.segment_bytes:
@@ -401,10 +404,12 @@ class PartitionLog:
 
     # Rolling ---------------------------------------------------------------------------
 
-    def _maybe_roll(self, size: int, last_offset: int, max_timestamp: int | None) -> None:
+    def _maybe_roll(
+        self, size: int, last_offset: int, max_timestamp: int | None, now_ms: int
+    ) -> None:
         head = self._segments[-1]
         config = self.config
-        waited = head.time_waited_for_roll(max_timestamp, self._clock())
+        waited = head.time_waited_for_roll(max_timestamp, now_ms)
         if (
             head.size > config.segment_bytes - size
             or (not head.is_empty() and waited >= config.segment_ms)

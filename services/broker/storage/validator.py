@@ -12,17 +12,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from directlog.records.batch import (
-    ATTRIBUTES_AT,
-    COMPRESSION_MASK,
     CONTROL_FLAG,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_FLAG,
+    CheckedBatch,
     TimestampType,
+    check_batch,
     read_header,
     records_area,
     rewrite_header,
@@ -49,6 +45,8 @@ class BatchPlan(NamedTuple):
 
 class AppendPlan(NamedTuple):
     batches: list[BatchPlan]
+    first_offset: int  # base offset of the first batch
+    last_offset: int  # last offset of the last batch
     size: int
     records: int
     max_timestamp: int
@@ -57,14 +55,6 @@ class AppendPlan(NamedTuple):
     # Replicated batches only: (partition leader epoch, base offset) of each batch whose
     # epoch is above every earlier one in the buffer, for the leader epoch cache.
     epoch_starts: list[tuple[int, int]]
-
-    @property
-    def first_offset(self) -> int:
-        return self.batches[0].base_offset
-
-    @property
-    def last_offset(self) -> int:
-        return self.batches[-1].last_offset
 
 
 def plan_append(
@@ -94,91 +84,132 @@ def plan_append(
     largest_timestamp = NO_TIMESTAMP
     position = 0
     while position < end:
-        header = read_header(view, position, end)
-        size = header.batch_length + LOG_OVERHEAD
-        if assign_offsets and size > config.max_message_bytes:
-            raise MessageTooLargeError(
-                f"batch of {size} bytes exceeds max.message.bytes {config.max_message_bytes}"
-            )
-        if crc32c(view[position + ATTRIBUTES_AT : position + size]) != header.crc:
-            verify_crc(view, position, header)  # raises, naming both values
-        count = header.records_count
-        if assign_offsets:
-            if count == 0:
-                raise InvalidRecordError("batch has no records")
-            if header.attributes & CONTROL_FLAG:
-                raise InvalidRecordError("producers may not write control batches")
-            if header.last_offset_delta != count - 1:
-                raise InvalidRecordError(
-                    f"last offset delta {header.last_offset_delta} disagrees with {count} records"
-                )
-        if header.attributes & COMPRESSION_MASK:
-            data = records_area(view, position, header, MAX_DECOMPRESSED)
-            min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
-        else:
-            min_delta, max_delta = scan_records(
-                view, position + HEADER_SIZE, position + size, count, assign_offsets
-            )
+        # One C call checks an uncompressed batch; what it declines is checked again in
+        # Python, which inflates compressed records and raises naming the fault.
+        checked = check_batch(view, position, end, assign_offsets) or _check_in_python(
+            view, position, end, config, assign_offsets
+        )
+        (
+            size,
+            base_offset,
+            batch_epoch,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            header_max_timestamp,
+            count,
+            min_delta,
+            max_delta,
+        ) = checked
         if not assign_offsets:
-            if header.base_offset < next_offset:
+            if base_offset < next_offset:
                 raise InvalidRecordError(
-                    f"replicated batch at offset {header.base_offset} is below {next_offset}"
+                    f"replicated batch at offset {base_offset} is below {next_offset}"
                 )
-            if header.partition_leader_epoch > epoch:
-                epoch = header.partition_leader_epoch
-                epoch_starts.append((epoch, header.base_offset))
-            plan = BatchPlan(
-                position,
-                size,
-                header.base_offset,
-                header.last_offset,
-                count,
-                header.max_timestamp,
-                None,
-            )
+            if batch_epoch > epoch:
+                epoch = batch_epoch
+                epoch_starts.append((epoch, base_offset))
+            max_timestamp = header_max_timestamp
+            new_header = None
         else:
+            if (
+                size > config.max_message_bytes
+                or count == 0
+                or attributes & CONTROL_FLAG
+                or last_offset_delta != count - 1
+            ):
+                _check_size(size, config)  # raise naming the rule broken
+                _check_producer_rules(count, attributes, last_offset_delta)
             if log_append:
-                attributes = header.attributes | TIMESTAMP_TYPE_FLAG
+                new_attributes = attributes | TIMESTAMP_TYPE_FLAG
                 max_timestamp = now_ms
             else:
                 _check_timestamps(
-                    header.base_timestamp + min_delta,
-                    header.base_timestamp + max_delta,
-                    now_ms,
-                    config,
+                    base_timestamp + min_delta, base_timestamp + max_delta, now_ms, config
                 )
-                attributes = header.attributes & ~TIMESTAMP_TYPE_FLAG
-                max_timestamp = header.base_timestamp + max_delta
+                new_attributes = attributes & ~TIMESTAMP_TYPE_FLAG
+                max_timestamp = base_timestamp + max_delta
             new_header = None
-            if attributes != header.attributes or max_timestamp != header.max_timestamp:
+            if new_attributes != attributes or max_timestamp != header_max_timestamp:
                 new_header = rewrite_header(
                     view,
                     position,
-                    header,
+                    read_header(view, position, end),
                     base_offset=next_offset,
                     leader_epoch=leader_epoch,
-                    attributes=attributes,
+                    attributes=new_attributes,
                     max_timestamp=max_timestamp,
                 )
-            plan = BatchPlan(
-                position,
-                size,
-                next_offset,
-                next_offset + count - 1,
-                count,
-                max_timestamp,
-                new_header,
-            )
-        batches.append(plan)
+            base_offset = next_offset
+        last_offset = base_offset + last_offset_delta
+        batches.append(
+            BatchPlan(position, size, base_offset, last_offset, count, max_timestamp, new_header)
+        )
         records += count
-        if plan.max_timestamp > largest_timestamp:
-            largest_timestamp = plan.max_timestamp
-        next_offset = plan.last_offset + 1
+        if max_timestamp > largest_timestamp:
+            largest_timestamp = max_timestamp
+        next_offset = last_offset + 1
         position += size
     append_time = now_ms if log_append and assign_offsets else -1
     return AppendPlan(
-        batches, position, records, largest_timestamp, assign_offsets, append_time, epoch_starts
+        batches,
+        batches[0].base_offset,
+        next_offset - 1,
+        position,
+        records,
+        largest_timestamp,
+        assign_offsets,
+        append_time,
+        epoch_starts,
     )
+
+
+def _check_in_python(
+    view: memoryview, position: int, end: int, config: LogConfig, assign_offsets: bool
+) -> CheckedBatch:
+    """For a batch check_batch declined: its checks and the producer rules in Python, in the
+    order they have always run, raising naming what is wrong; or, for a sound compressed
+    batch, what check_batch returns (records inflated, bounded by MAX_DECOMPRESSED)."""
+    header = read_header(view, position, end)
+    size = header.size
+    if assign_offsets:
+        _check_size(size, config)
+    verify_crc(view, position, header)
+    count = header.records_count
+    if assign_offsets:
+        _check_producer_rules(count, header.attributes, header.last_offset_delta)
+    data = records_area(view, position, header, MAX_DECOMPRESSED)
+    min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
+    return (
+        size,
+        header.base_offset,
+        header.partition_leader_epoch,
+        header.attributes,
+        header.last_offset_delta,
+        header.base_timestamp,
+        header.max_timestamp,
+        count,
+        min_delta,
+        max_delta,
+    )
+
+
+def _check_size(size: int, config: LogConfig) -> None:
+    if size > config.max_message_bytes:
+        raise MessageTooLargeError(
+            f"batch of {size} bytes exceeds max.message.bytes {config.max_message_bytes}"
+        )
+
+
+def _check_producer_rules(count: int, attributes: int, last_offset_delta: int) -> None:
+    if count == 0:
+        raise InvalidRecordError("batch has no records")
+    if attributes & CONTROL_FLAG:
+        raise InvalidRecordError("producers may not write control batches")
+    if last_offset_delta != count - 1:
+        raise InvalidRecordError(
+            f"last offset delta {last_offset_delta} disagrees with {count} records"
+        )
 
 
 def _check_timestamps(smallest: int, largest: int, now_ms: int, config: LogConfig) -> None:
