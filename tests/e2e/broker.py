@@ -4,8 +4,8 @@
         Producer({"bootstrap.servers": broker.bootstrap})
 
 A broker needs a controller (tests/e2e/cluster.py starts the whole set). It runs
-`python -m services.broker` on free ports (see service_process.py), with its data in
-`<work dir>/data`.
+`python -m services.broker` (see service_process.py) on ports picked free once, so a
+restarted broker keeps its address, with its data in `<work dir>/data`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tests.e2e.service_process import METRICS_LINE, ServiceProcess
+from tests.ports import free_port
 
 _BOOTSTRAP = re.compile(r"^\s*bootstrap servers\s+(\S+:\d+)\s*$", re.MULTILINE)
 
@@ -46,11 +47,15 @@ class BrokerProcess(ServiceProcess):
         self.settings = dict(settings or {})
         self.host = host
         self.data_dir = self.work_dir / "data"
+        # Picked once: a restarted broker comes back at its address, as a real one does.
+        self.kafka_port = free_port()  # numbers from loopback serve in a namespace too
+        self.metrics_port = free_port()
         self.bootstrap = ""
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "services.broker", "--host", self.host]
-        command += ["--port", "0", "--metrics-port", "0", "--data-dir", str(self.data_dir)]
+        command += ["--port", str(self.kafka_port), "--metrics-port", str(self.metrics_port)]
+        command += ["--data-dir", str(self.data_dir)]
         command += ["--node-id", str(self.node_id), "--controllers", self.controllers]
         if self.settings:
             config = self.work_dir / "broker.yaml"
