@@ -6,6 +6,7 @@ import re
 from typing import NamedTuple
 
 MAX_TOPIC_NAME = 249
+NO_LEADER = -1  # a partition's leader when none is alive (Kafka's metadata says -1)
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 

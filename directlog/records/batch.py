@@ -97,6 +97,22 @@ class BatchHeader(NamedTuple):
     def last_offset(self) -> int:
         return self.base_offset + self.last_offset_delta
 
+    def checked(self, count: int, min_delta: int, max_delta: int) -> CheckedBatch:
+        """What check_batch returns for this batch, given its record count (inflated
+        records for a compressed batch) and smallest and largest timestamp deltas."""
+        return (
+            self.size,
+            self.base_offset,
+            self.partition_leader_epoch,
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            count,
+            min_delta,
+            max_delta,
+        )
+
     @property
     def next_offset(self) -> int:
         return self.base_offset + self.last_offset_delta + 1

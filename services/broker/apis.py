@@ -31,8 +31,9 @@ from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
+from directlog.topics import NO_LEADER
 from directlog.waits import wait_event
-from services.broker.cluster_metadata import NO_LEADER, ClusterImage
+from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
 from services.broker.error_codes import error_code_for
 from services.broker.fetch_response import Part, PartitionData, TopicData, encode_fetch_response

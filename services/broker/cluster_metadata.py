@@ -16,8 +16,6 @@ from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition
 
-NO_LEADER = -1
-
 
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:

@@ -17,9 +17,8 @@ from collections.abc import Callable
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
-from directlog.topics import TopicPartition
+from directlog.topics import NO_LEADER, TopicPartition
 from services.broker.cluster_metadata import (
-    NO_LEADER,
     ClusterImage,
     ImageChange,
     PartitionInfo,

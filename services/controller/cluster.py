@@ -23,12 +23,11 @@ from dataclasses import dataclass, field, replace
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.topic_config import InvalidConfigError, LogConfig
-from directlog.topics import topic_name_error
+from directlog.topics import NO_LEADER, topic_name_error
 from services.controller import layout
 from services.controller.assignment import assign_replicas
 from services.controller.layout import Create, Delete, Layout, SetData, StoreOp
 from services.controller.model import (
-    NO_LEADER,
     BrokerRegistration,
     Listener,
     PartitionState,

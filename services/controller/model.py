@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-NO_LEADER = -1
-
 
 @dataclass(frozen=True, slots=True)
 class Listener:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.topics import NO_LEADER
 from services.controller import layout
 from services.controller.cluster import ClusterState, Delta, Image, IsrChange
 from services.controller.layout import Create, Delete, SetData
-from services.controller.model import NO_LEADER, Listener, PartitionState
+from services.controller.model import Listener, PartitionState
 from tests.controller.clusters import (
     LISTENERS,
     PATHS,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import pytest
 
 from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.topics import NO_LEADER
 from services.controller import layout
 from services.controller.cluster import ClusterState, Delta, IsrChange
 from services.controller.layout import Create
-from services.controller.model import NO_LEADER, PartitionState
+from services.controller.model import PartitionState
 from tests.controller.clusters import (
     LISTENERS,
     PATHS,

@@ -48,7 +48,7 @@ def test_leader_killed_and_restarted_under_load_loses_nothing(cluster: Cluster) 
         load.wait_acked(300)
         victim = leader_of(cluster, 0)
         cluster.brokers[victim].kill()
-        wait_for(lambda: leader_of(cluster, 0) not in (victim, -1), TIMEOUT, "a new leader")
+        wait_for_new_leader(cluster, victim)
         load.wait_acked(300)
         cluster.brokers[victim].start()
         load.wait_acked(300)
@@ -69,7 +69,7 @@ def test_active_controller_killed_under_load_loses_nothing(cluster: Cluster) -> 
         # Leadership still moves: the standby took over.
         victim = leader_of(cluster, 1)
         cluster.brokers[victim].kill()
-        wait_for(lambda: leader_of(cluster, 1) not in (victim, -1), TIMEOUT, "a new leader")
+        wait_for_new_leader(cluster, victim, partition=1)
         load.wait_acked(300)
         cluster.brokers[victim].start()
     stored = read_back(cluster)
@@ -143,11 +143,11 @@ def test_a_partitioned_leader_is_fenced_and_cannot_acknowledge_writes(tmp_path: 
 SPLIT_BRAIN = b"split-brain"
 
 
-def wait_for_new_leader(cluster: Cluster, old: int) -> None:
-    """Until a broker other than `old` reports another leader for partition 0."""
+def wait_for_new_leader(cluster: Cluster, old: int, partition: int = 0) -> None:
+    """Until a broker other than `old` reports another leader for `partition`."""
     other = next(b for n, b in cluster.brokers.items() if n != old)
     wait_for(
-        lambda: _leader_seen_by(other.bootstrap, 0) not in (old, -1),
+        lambda: _leader_seen_by(other.bootstrap, partition) not in (old, -1),
         TIMEOUT,
         f"the controller to move leadership away from broker {old}",
     )

@@ -69,18 +69,7 @@ def reference(buf: bytes | bytearray, pos: int, end: int, dense: bool) -> Checke
         )
     except RecordError:
         return None
-    return (
-        header.size,
-        header.base_offset,
-        header.partition_leader_epoch,
-        header.attributes,
-        header.last_offset_delta,
-        header.base_timestamp,
-        header.max_timestamp,
-        header.records_count,
-        min_delta,
-        max_delta,
-    )
+    return header.checked(header.records_count, min_delta, max_delta)
 
 
 def fix_crc(buf: bytearray, pos: int = 0) -> None:

@@ -180,18 +180,7 @@ def _check_in_python(
         _check_producer_rules(count, header.attributes, header.last_offset_delta)
     data = records_area(view, position, header, MAX_DECOMPRESSED)
     min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
-    return (
-        size,
-        header.base_offset,
-        header.partition_leader_epoch,
-        header.attributes,
-        header.last_offset_delta,
-        header.base_timestamp,
-        header.max_timestamp,
-        count,
-        min_delta,
-        max_delta,
-    )
+    return header.checked(count, min_delta, max_delta)
 
 
 def _check_size(size: int, config: LogConfig) -> None:
