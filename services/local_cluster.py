@@ -10,6 +10,7 @@ exit code says so.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -85,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL) for c in commands]
+    # Kafka's offsets topic wants three replicas; a smaller cluster gets what it has.
+    env = {**os.environ, "DIRECTLOG_OFFSETS_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3))}
+    processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env) for c in commands]
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"

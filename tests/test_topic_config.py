@@ -52,3 +52,64 @@ def test_round_trip_through_properties():
 def test_bad_properties_are_refused(name, value, problem):
     with pytest.raises(InvalidConfigError, match=problem):
         LogConfig.from_properties({name: value})
+
+
+def test_compaction_settings_default_to_kafkas():
+    config = LogConfig()
+    assert config.cleanup_policy == "delete" and not config.compact
+    assert config.delete_by_retention
+    assert config.min_cleanable_dirty_ratio == 0.5
+    assert config.delete_retention_ms == 86_400_000
+    assert config.min_compaction_lag_ms == 0
+    assert config.max_compaction_lag_ms == (1 << 63) - 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "compact", "delete"),
+    [
+        ("compact", True, False),
+        ("delete", False, True),
+        ("compact,delete", True, True),
+        ("delete, compact", True, True),
+    ],
+)
+def test_cleanup_policy_says_what_removes_old_data(policy, compact, delete):
+    config = LogConfig.from_properties({"cleanup.policy": policy})
+    assert (config.compact, config.delete_by_retention) == (compact, delete)
+    assert config.to_properties()["cleanup.policy"] == policy.replace(" ", "")
+
+
+def test_compaction_settings_round_trip_through_properties():
+    config = LogConfig.from_properties(
+        {
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": "0.25",
+            "delete.retention.ms": "1000",
+            "min.compaction.lag.ms": "5",
+            "max.compaction.lag.ms": "60000",
+        }
+    )
+    assert (config.min_cleanable_dirty_ratio, config.delete_retention_ms) == (0.25, 1000)
+    assert (config.min_compaction_lag_ms, config.max_compaction_lag_ms) == (5, 60000)
+    assert config.to_properties()["min.cleanable.dirty.ratio"] == "0.25"
+    assert LogConfig.from_properties(config.to_properties()) == config
+
+
+@pytest.mark.parametrize(
+    ("properties", "problem"),
+    [
+        ({"cleanup.policy": "compress"}, "cannot parse"),
+        ({"cleanup.policy": ""}, "cannot parse"),
+        ({"cleanup.policy": "compact,compact"}, "cannot parse"),
+        ({"min.cleanable.dirty.ratio": "1.5"}, "above the maximum"),
+        ({"min.cleanable.dirty.ratio": "-0.1"}, "below the minimum"),
+        ({"min.cleanable.dirty.ratio": "nan"}, "cannot parse"),
+        ({"delete.retention.ms": "-1"}, "below the minimum"),
+        ({"min.compaction.lag.ms": "-1"}, "below the minimum"),
+        ({"max.compaction.lag.ms": "0"}, "below the minimum"),
+        ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}, "min.compaction.lag.ms"),
+    ],
+)
+def test_bad_compaction_settings_are_refused(properties, problem):
+    with pytest.raises(InvalidConfigError, match=problem):
+        LogConfig.from_properties(properties)

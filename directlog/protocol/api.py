@@ -2,8 +2,9 @@
 
 Version ranges are those of Apache Kafka 3.7 for each API served, so clients that infer the
 broker's release from ApiVersions (kafka-python) see 3.7, and librdkafka finds Produce and
-Fetch from version 0 — and FindCoordinator, without which it refuses to send lz4. APIs
-Directlog does not serve yet are not advertised at all.
+Fetch from version 0 — and FindCoordinator, without which it refuses to send lz4. The
+exceptions are OffsetCommit v0-1 and OffsetFetch v0, which Kafka 4.0 dropped too (KIP-896)
+and our schema library cannot decode. APIs Directlog does not serve are not advertised.
 """
 
 from __future__ import annotations
@@ -27,22 +28,42 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         CreatePartitionsResponse,
         CreateTopicsRequest,
         CreateTopicsResponse,
+        DeleteGroupsRequest,
+        DeleteGroupsResponse,
         DeleteTopicsRequest,
         DeleteTopicsResponse,
         DescribeClusterRequest,
         DescribeClusterResponse,
         DescribeConfigsRequest,
         DescribeConfigsResponse,
+        DescribeGroupsRequest,
+        DescribeGroupsResponse,
         IncrementalAlterConfigsRequest,
         IncrementalAlterConfigsResponse,
+        ListGroupsRequest,
+        ListGroupsResponse,
     )
     from kafka.protocol.consumer import (
         FetchRequest,
         FetchResponse,
+        HeartbeatRequest,
+        HeartbeatResponse,
+        JoinGroupRequest,
+        JoinGroupResponse,
+        LeaveGroupRequest,
+        LeaveGroupResponse,
         ListOffsetsRequest,
         ListOffsetsResponse,
+        OffsetCommitRequest,
+        OffsetCommitResponse,
+        OffsetDeleteRequest,
+        OffsetDeleteResponse,
+        OffsetFetchRequest,
+        OffsetFetchResponse,
         OffsetForLeaderEpochRequest,
         OffsetForLeaderEpochResponse,
+        SyncGroupRequest,
+        SyncGroupResponse,
     )
     from kafka.protocol.metadata import (
         ApiVersionsRequest,
@@ -52,7 +73,12 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         MetadataRequest,
         MetadataResponse,
     )
-    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+    from kafka.protocol.producer import (
+        InitProducerIdRequest,
+        InitProducerIdResponse,
+        ProduceRequest,
+        ProduceResponse,
+    )
 
 
 class ApiKey(IntEnum):
@@ -60,14 +86,25 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
-    OFFSET_FOR_LEADER_EPOCH = 23
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
 
 
@@ -96,7 +133,15 @@ APIS: dict[int, Api] = {
         Api(ApiKey.FETCH, FetchRequest, FetchResponse, 0, 16),
         Api(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse, 0, 8),
         Api(ApiKey.METADATA, MetadataRequest, MetadataResponse, 0, 12),
+        Api(ApiKey.OFFSET_COMMIT, OffsetCommitRequest, OffsetCommitResponse, 2, 9),
+        Api(ApiKey.OFFSET_FETCH, OffsetFetchRequest, OffsetFetchResponse, 1, 9),
         Api(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest, FindCoordinatorResponse, 0, 4),
+        Api(ApiKey.JOIN_GROUP, JoinGroupRequest, JoinGroupResponse, 0, 9),
+        Api(ApiKey.HEARTBEAT, HeartbeatRequest, HeartbeatResponse, 0, 4),
+        Api(ApiKey.LEAVE_GROUP, LeaveGroupRequest, LeaveGroupResponse, 0, 5),
+        Api(ApiKey.SYNC_GROUP, SyncGroupRequest, SyncGroupResponse, 0, 5),
+        Api(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
+        Api(ApiKey.LIST_GROUPS, ListGroupsRequest, ListGroupsResponse, 0, 4),
         Api(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
         Api(
             ApiKey.OFFSET_FOR_LEADER_EPOCH,
@@ -107,8 +152,10 @@ APIS: dict[int, Api] = {
         ),
         Api(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse, 0, 7),
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
+        Api(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
         Api(ApiKey.DESCRIBE_CONFIGS, DescribeConfigsRequest, DescribeConfigsResponse, 0, 4),
         Api(ApiKey.CREATE_PARTITIONS, CreatePartitionsRequest, CreatePartitionsResponse, 0, 3),
+        Api(ApiKey.DELETE_GROUPS, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
         Api(
             ApiKey.INCREMENTAL_ALTER_CONFIGS,
             IncrementalAlterConfigsRequest,
@@ -116,6 +163,7 @@ APIS: dict[int, Api] = {
             0,
             1,
         ),
+        Api(ApiKey.OFFSET_DELETE, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
         Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
     )
 }
@@ -131,13 +179,14 @@ class RequestHeader:
     correlation_id: int
     client_id: str | None
     size: int  # bytes the header takes; the body follows
+    client_host: str = ""  # the peer's address, as Kafka shows it ("/127.0.0.1")
 
     @property
     def api(self) -> Api | None:
         return APIS.get(self.api_key)
 
 
-def parse_request_header(frame: Buffer) -> RequestHeader:
+def parse_request_header(frame: Buffer, client_host: str = "") -> RequestHeader:
     """Parse the request header (v1, or v2 with tagged fields for flexible versions).
 
     Every length is bounded by the frame. For an API or version Directlog does not serve,
@@ -162,7 +211,7 @@ def parse_request_header(frame: Buffer) -> RequestHeader:
         and api.flexible(api_version)
     ):
         position = skip_tagged_fields(frame, position)
-    return RequestHeader(api_key, api_version, correlation_id, client_id, position)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, position, client_host)
 
 
 def response_header(header: RequestHeader) -> bytes:

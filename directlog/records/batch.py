@@ -414,3 +414,44 @@ def rewrite_header(
         )
     struct.pack_into(">I", fields, CRC_AT, crc)
     return bytes(fields)
+
+
+class RawRecord(NamedTuple):
+    """One record of a batch's (inflated) records area, by position, not decoded further."""
+
+    start: int
+    end: int
+    offset_delta: int
+    timestamp_delta: int
+    key: bytes | None
+    tombstone: bool
+
+
+def raw_records(data: Buffer, count: int) -> list[RawRecord]:
+    """Where each of `count` records lies in a records area, with its offset and timestamp
+    deltas, key and whether its value is null. Every length is bounded by its record."""
+    end = len(data)
+    records = []
+    at = 0
+    for index in range(count):
+        length, body = decode_varint(data, at, end, MAX_VARINT_BYTES)
+        record_end = body + length
+        if length < 6 or record_end > end:
+            raise CorruptRecordError(f"record {index}: length {length} does not fit its batch")
+        timestamp_delta, pos = decode_varint(data, body + 1, record_end)
+        offset_delta, pos = decode_varint(data, pos, record_end, MAX_VARINT_BYTES)
+        key_length, pos = decode_varint(data, pos, record_end, MAX_VARINT_BYTES)
+        key = None
+        if key_length >= 0:
+            if pos + key_length > record_end:
+                raise CorruptRecordError(f"record {index}: key runs past the record")
+            key = bytes(data[pos : pos + key_length])
+            pos += key_length
+        value_length, _ = decode_varint(data, pos, record_end, MAX_VARINT_BYTES)
+        records.append(
+            RawRecord(at, record_end, offset_delta, timestamp_delta, key, value_length < 0)
+        )
+        at = record_end
+    if at != end:
+        raise CorruptRecordError(f"{end - at} bytes after the last of {count} records")
+    return records

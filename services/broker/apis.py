@@ -37,8 +37,11 @@ from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
 from services.broker.error_codes import error_code_for
 from services.broker.fetch_response import Part, PartitionData, TopicData, encode_fetch_response
+from services.broker.groups.handlers import GroupApis
+from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
+from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
 from services.broker.storage import OffsetOutOfRangeError, PartitionLog
@@ -50,6 +53,7 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE = 0, 1
 CONFIG_SOURCE_TOPIC, CONFIG_SOURCE_DEFAULT = 1, 5
 IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
+GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
 
 
@@ -65,12 +69,15 @@ class KafkaApis:
         replicas: ReplicaManager,
         link: ControllerLink,
         metrics: BrokerMetrics,
+        groups: GroupApis,
+        producer_ids: ProducerIdAllocator,
     ) -> None:
         self.settings = settings
         self.image = image
         self.replicas = replicas
         self.link = link
         self.metrics = metrics
+        self.producer_ids = producer_ids
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -87,6 +94,8 @@ class KafkaApis:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
+            **groups.handlers(),
         }
 
     async def handle(self, api: Api, header: RequestHeader, request: Any) -> Response:
@@ -133,6 +142,11 @@ class KafkaApis:
                 try:
                     if acks not in (0, 1, -1):
                         raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
+                    if topic.name == OFFSETS_TOPIC:
+                        raise KafkaError(
+                            ErrorCode.INVALID_TOPIC_EXCEPTION,
+                            f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
+                        )
                     partition = self.replicas.leader_partition(topic.name, data.index)
                     records: Buffer = data.records if data.records is not None else b""
                     if len(records) > 16 and records[16] < MAGIC:
@@ -146,7 +160,15 @@ class KafkaApis:
                     result.base_offset = appended.first_offset
                     result.log_append_time_ms = appended.log_append_time
                     result.log_start_offset = partition.log.log_start_offset
-                    self.metrics.produced(topic.name, appended.records, appended.size)
+                    if appended.duplicate:
+                        log.info(
+                            "produce to %s-%d: a retried batch, already at offset %d",
+                            topic.name,
+                            data.index,
+                            appended.first_offset,
+                        )
+                    else:
+                        self.metrics.produced(topic.name, appended.records, appended.size)
                     if acks == -1:
                         replicating.append(
                             (result, partition, appended.last_offset, f"{topic.name}-{data.index}")
@@ -430,33 +452,128 @@ class KafkaApis:
             error_code=code,
             name=name,
             topic_id=topic.topic_id if topic else uuid.UUID(int=0),
-            is_internal=False,
+            is_internal=name == OFFSETS_TOPIC,
             partitions=partitions,
             authorized_operations=None,
         )
 
     async def find_coordinator(self, request: Any, header: RequestHeader) -> Response:
-        """No group or transaction coordinator runs yet: COORDINATOR_NOT_AVAILABLE, which
-        clients retry. Answering at all matters: librdkafka sends lz4 only to brokers that
-        serve FindCoordinator."""
+        """The group coordinator is the leader of the group's __consumer_offsets partition
+        (created on first use). Transactions are not served: their coordinators are refused
+        with INVALID_REQUEST, which clients do not retry."""
+        version = header.api_version
         response = APIS[ApiKey.FIND_COORDINATOR].response
-        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
-        message = "this broker runs no group or transaction coordinator yet"
-        keys = request.coordinator_keys if header.api_version >= 4 else [request.key]
-        self.metrics.request_error("find_coordinator", code)
+        keys = request.coordinator_keys if version >= 4 else [request.key]
+        key_type = request.key_type if version >= 1 else GROUP_KEY
+        found = [await self._coordinator(key, key_type) for key in keys]
+        for code, message, _ in found:
+            if code is not ErrorCode.NONE:
+                self.metrics.request_error("find_coordinator", code)
+                log.info("find_coordinator: %s: %s", code.name, message)
+        code, message, broker = found[0] if found else (ErrorCode.NONE, None, None)
         return response(
             throttle_time_ms=0,
             error_code=code,
             error_message=message,
-            node_id=-1,
-            host="",
-            port=-1,
+            node_id=broker.broker_id if broker else -1,
+            host=broker.host if broker else "",
+            port=broker.port if broker else -1,
             coordinators=[
                 response.Coordinator(
-                    key=key, node_id=-1, host="", port=-1, error_code=code, error_message=message
+                    key=key,
+                    node_id=b.broker_id if b else -1,
+                    host=b.host if b else "",
+                    port=b.port if b else -1,
+                    error_code=c,
+                    error_message=m,
                 )
-                for key in keys
+                for key, (c, m, b) in zip(keys, found, strict=True)
             ],
+        )
+
+    async def _coordinator(self, key: str, key_type: int) -> tuple[ErrorCode, str | None, Any]:
+        if key_type == TRANSACTION_KEY:
+            return ErrorCode.INVALID_REQUEST, "Directlog does not serve transactions", None
+        if key_type != GROUP_KEY:
+            return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", None
+        if not key:
+            return ErrorCode.INVALID_REQUEST, "the group id is empty", None
+        topic = self.image.topic(OFFSETS_TOPIC)
+        if topic is None:
+            await self._create_offsets_topic()
+            topic = self.image.topic(OFFSETS_TOPIC)
+            if topic is None:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC} is not ready", None
+        index = partition_for(key, len(topic.partitions))
+        info = topic.partitions.get(index)
+        broker = self.image.brokers.get(info.leader) if info is not None else None
+        if broker is None or broker.port <= 0 or broker.fenced:
+            return (
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"{OFFSETS_TOPIC}-{index} has no leader",
+                None,
+            )
+        return ErrorCode.NONE, None, broker
+
+    async def _create_offsets_topic(self) -> None:
+        """Create __consumer_offsets as Kafka does: compacted, the configured partitions and
+        replication factor; until enough brokers are registered the controller refuses it
+        and clients are told COORDINATOR_NOT_AVAILABLE, which they retry."""
+        settings = self.settings
+        try:
+            reply = await self._controller_topics(
+                lambda s: s.CreateTopics,
+                pb.CreateTopicsRequest(
+                    topics=[
+                        pb.NewTopic(
+                            name=OFFSETS_TOPIC,
+                            partitions=settings.offsets_topic_num_partitions,
+                            replication_factor=settings.offsets_topic_replication_factor,
+                            configs={
+                                "cleanup.policy": "compact",
+                                "segment.bytes": str(settings.offsets_topic_segment_bytes),
+                            },
+                        )
+                    ]
+                ),
+                self._created,
+            )
+        except KafkaError as error:
+            log.info("cannot create %s yet: %s", OFFSETS_TOPIC, error)
+            return
+        for result in reply.results:
+            if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.warning(
+                    "cannot create %s: %s: %s",
+                    OFFSETS_TOPIC,
+                    ErrorCode(result.error_code).name,
+                    result.error_message,
+                )
+            elif result.error_code == ErrorCode.NONE:
+                log.info("created %s", OFFSETS_TOPIC)
+
+    async def init_producer_id(self, request: Any, header: RequestHeader) -> Response:
+        """A new producer id, epoch 0, for an idempotent producer. Without a transactional
+        id Kafka always hands out a fresh id, also to a producer that names its old one
+        (KIP-360): its sequences start again at 0 under the new id."""
+        response = APIS[ApiKey.INIT_PRODUCER_ID].response
+        code, producer_id = ErrorCode.NONE, -1
+        if request.transactional_id is not None:
+            code = ErrorCode.INVALID_REQUEST
+            log.info("init_producer_id: refused transactional id %r", request.transactional_id)
+        else:
+            try:
+                producer_id = await self.producer_ids.next_id()
+            except KafkaError as error:
+                code = error.code
+                log.info("init_producer_id: %s", error)
+        if code is not ErrorCode.NONE:
+            self.metrics.request_error("init_producer_id", code)
+        return response(
+            throttle_time_ms=0,
+            error_code=code,
+            producer_id=producer_id,
+            producer_epoch=0 if producer_id >= 0 else -1,
         )
 
     async def describe_cluster(self, request: Any, header: RequestHeader) -> Response:

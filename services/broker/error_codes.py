@@ -19,6 +19,8 @@ _TABLE: list[tuple[type[BaseException], ErrorCode]] = [
     (storage.MessageTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (storage.RecordBatchTooLargeError, ErrorCode.RECORD_LIST_TOO_LARGE),
     (storage.InvalidTimestampError, ErrorCode.INVALID_TIMESTAMP),
+    (storage.OutOfOrderSequenceError, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    (storage.InvalidProducerEpochError, ErrorCode.INVALID_PRODUCER_EPOCH),
     (InvalidConfigError, ErrorCode.INVALID_CONFIG),
     (storage.StorageError, ErrorCode.KAFKA_STORAGE_ERROR),
 ]

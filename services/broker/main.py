@@ -26,7 +26,12 @@ from directlog.waits import within
 from services.broker.apis import KafkaApis
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
+from services.broker.groups.coordinator import CoordinatorSettings, GroupCoordinator
+from services.broker.groups.group import GroupLimits
+from services.broker.groups.handlers import GroupApis
+from services.broker.groups.offsets_topic import OFFSETS_TOPIC
 from services.broker.metrics import BrokerMetrics
+from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.replica_fetcher import FetchSettings
 from services.broker.replica_manager import ReplicaManager
 from services.broker.server import KafkaServer
@@ -36,6 +41,8 @@ from services.broker.storage.log_manager import LogManager
 log = logging.getLogger("directlog.broker")
 
 SHUTDOWN_POLL_SECONDS = 0.02  # how often a controlled shutdown looks at the image
+PRODUCER_EXPIRY_CHECK_SECONDS = 600  # Kafka's producer.id.expiration.check.interval.ms
+COMPACTION_PASSES_PER_ROUND = 8
 
 
 class ClusterIdMismatchError(RuntimeError):
@@ -62,7 +69,11 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     defaults = LogConfig.from_properties(settings.log_defaults)
     image = ClusterImage(defaults)
-    logs = LogManager.open(settings.data_dir, image.config_for)
+    logs = LogManager.open(
+        settings.data_dir,
+        image.config_for,
+        producer_id_expiration_ms=settings.producer_id_expiration_ms,
+    )
     metrics = BrokerMetrics()
     metrics.watch_logs(logs)
     metrics_port = metrics.serve(settings.host, settings.metrics_port)
@@ -100,14 +111,29 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         settings.heartbeat_interval_ms / 1000,
         apply,
     )
-    apis = KafkaApis(settings, image, replicas, link, metrics)
+    coordinator = GroupCoordinator(
+        coordinator_settings(settings), lambda: _partition_count(image, settings)
+    )
+    replicas.leadership_listeners.append(coordinator.leadership_changed)
+    producer_ids = ProducerIdAllocator(link)
+    apis = KafkaApis(
+        settings,
+        image,
+        replicas,
+        link,
+        metrics,
+        GroupApis(coordinator, image, metrics),
+        producer_ids,
+    )
     replicas.link = link
     server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
     port = server.listen(settings.host, settings.port)
     link.listeners = [pb.Listener(name="PLAINTEXT", host=host, port=port)]
     link.start()
+    coordinator.start()
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
     housekeeping = loop.create_task(_housekeeping(logs, replicas, settings, fsyncs))
+    compaction = loop.create_task(_compaction(logs, settings))
     try:
         await _first(link.first_image, stop, failure)
         if not stop.is_set():
@@ -129,12 +155,36 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     finally:
         log.info("stopping")
         housekeeping.cancel()
+        compaction.cancel()
+        await coordinator.close()
+        await producer_ids.close()
         await link.close()
         await replicas.close()
         await server.close()
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")
+
+
+def coordinator_settings(settings: BrokerSettings) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        GroupLimits(
+            settings.group_initial_rebalance_delay_ms,
+            settings.group_min_session_timeout_ms,
+            settings.group_max_session_timeout_ms,
+            settings.group_max_size,
+        ),
+        settings.offsets_commit_timeout_ms,
+        settings.offset_metadata_max_bytes,
+        settings.offsets_retention_ms,
+        settings.offsets_retention_check_interval_ms,
+    )
+
+
+def _partition_count(image: ClusterImage, settings: BrokerSettings) -> int:
+    """Partitions of the offsets topic: as created, or as it will be created."""
+    topic = image.topic(OFFSETS_TOPIC)
+    return len(topic.partitions) if topic else settings.offsets_topic_num_partitions
 
 
 async def controlled_shutdown(
@@ -212,10 +262,11 @@ async def _first(event: asyncio.Event, stop: asyncio.Event, failure: asyncio.Fut
 async def _housekeeping(
     logs: LogManager, replicas: ReplicaManager, settings: BrokerSettings, fsyncs: Executor
 ) -> None:
-    """flush.ms, retention, checkpoints (fsyncs on their thread) and ISR shrinking, off the
-    request path."""
+    """flush.ms, retention, checkpoints (fsyncs on their thread), ISR shrinking and
+    idempotent producers' expiry, off the request path."""
     loop = asyncio.get_running_loop()
     interval = min(settings.housekeeping_interval_ms, settings.replica_lag_time_max_ms // 2)
+    next_producer_expiry = loop.time() + PRODUCER_EXPIRY_CHECK_SECONDS
     while True:
         await asyncio.sleep(interval / 1000)
         try:
@@ -223,8 +274,24 @@ async def _housekeeping(
             logs.enforce_retention()
             await loop.run_in_executor(fsyncs, logs.flush_due)
             await loop.run_in_executor(fsyncs, logs.checkpoint)
+            if loop.time() >= next_producer_expiry:
+                next_producer_expiry = loop.time() + PRODUCER_EXPIRY_CHECK_SECONDS
+                logs.expire_producers()
         except Exception:
             log.exception("housekeeping round failed")
+
+
+async def _compaction(logs: LogManager, settings: BrokerSettings) -> None:
+    """Compaction passes on a worker thread, apart from housekeeping so a long pass holds
+    back neither ISR shrinking nor flushes."""
+    while True:
+        await asyncio.sleep(settings.housekeeping_interval_ms / 1000)
+        try:
+            for _ in range(COMPACTION_PASSES_PER_ROUND):  # more may be due: go on at once
+                if await asyncio.to_thread(logs.clean_compacted) is None:
+                    break
+        except Exception:
+            log.exception("compaction pass failed")
 
 
 def main(argv: list[str] | None = None) -> None:

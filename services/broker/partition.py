@@ -145,6 +145,8 @@ class Partition:
                 f"{self.config.min_insync_replicas}",
             )
         result = self.log.append(records, leader_epoch=self.info.leader_epoch)
+        if result.duplicate:
+            return result  # an idempotent producer's retry: nothing new to replicate
         if not self.maybe_advance_high_watermark():
             self._notify()  # followers' fetches wait for new records too
         return result

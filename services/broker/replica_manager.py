@@ -57,6 +57,9 @@ class ReplicaManager:
         self._notify = notify
         self.metrics = metrics
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        # Told whenever a hosted partition becomes leader or follower or goes away (the group
+        # coordinator follows the __consumer_offsets partitions this way).
+        self.leadership_listeners: list[Callable[[Partition], None]] = []
 
     # Looking partitions up -------------------------------------------------------------------
 
@@ -131,12 +134,18 @@ class ReplicaManager:
             self._stop_following(tp)
             if info.leader != NO_LEADER:
                 self._fetcher(info.leader).follow(partition)
+        self._leadership_changed(partition)
+
+    def _leadership_changed(self, partition: Partition) -> None:
+        for listener in self.leadership_listeners:
+            listener(partition)
 
     def _drop(self, tp: TopicPartition, why: str) -> None:
         partition = self.partitions.pop(tp, None)
         self._stop_following(tp)
         if partition is not None:
             partition.stop()
+            self._leadership_changed(partition)
         if self.logs.get(tp) is not None:
             log.info("%s: deleting the local replica: %s", tp, why)
             self.logs.delete(tp)

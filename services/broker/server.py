@@ -27,7 +27,9 @@ from services.broker.storage import FileSlice
 
 log = logging.getLogger(__name__)
 
-_FETCH_KEY = ApiKey.FETCH.to_bytes(2, "big")
+# Requests that may wait (long-poll fetch, a join until the rebalance completes, a sync until
+# the leader's assignment): answers made before them leave first.
+_WAITING_KEYS = frozenset({ApiKey.FETCH, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
 
 
 class BadRequestError(Exception):
@@ -77,6 +79,7 @@ class KafkaServer:
     async def _serve(self, connection: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         peer = _peer(connection)
+        client_host = "/" + peer.rsplit(":", 1)[0]
         reader = FrameReader(self.max_request_bytes)
         self.metrics.connections.inc()
         try:
@@ -87,11 +90,10 @@ class KafkaServer:
                 reader.received(received)
                 outbox = bytearray()
                 for frame in reader.frames():
-                    if outbox and frame[:2] == _FETCH_KEY:
-                        # A fetch may wait (long poll): answers already made go out first.
+                    if outbox and frame[0] == 0 and frame[1] in _WAITING_KEYS:
                         await loop.sock_sendall(connection, outbox)
                         outbox = bytearray()
-                    outbox = await self._request(connection, frame, outbox)
+                    outbox = await self._request(connection, frame, outbox, client_host)
                 if outbox:
                     await loop.sock_sendall(connection, outbox)
         except (FrameTooLargeError, BadRequestError, RecordError) as error:
@@ -108,22 +110,24 @@ class KafkaServer:
             connection.close()
 
     async def _request(
-        self, connection: socket.socket, frame: memoryview, outbox: bytearray
+        self, connection: socket.socket, frame: memoryview, outbox: bytearray, client_host: str
     ) -> bytearray:
         """Answer one frame. Byte answers join `outbox`, so the answers to requests that
         arrived together (pipelined produces) leave in one send; returns what is unsent."""
         started = time.perf_counter()
-        parts, api_name, version = await self.respond(frame)
+        parts, api_name, version = await self.respond(frame, client_host)
         if parts is not None:
             outbox = await self._send(connection, parts, outbox)
         self.metrics.request(api_name, version, time.perf_counter() - started)
         return outbox
 
-    async def respond(self, frame: memoryview) -> tuple[list[Part] | None, str, int]:
+    async def respond(
+        self, frame: memoryview, client_host: str = ""
+    ) -> tuple[list[Part] | None, str, int]:
         """The response to one request frame (None when the request wants none, as Produce
         with acks=0), with the API's name and version. Raises BadRequestError or RecordError
         for bytes that are not a request to answer: the caller closes the connection."""
-        header = parse_request_header(frame)
+        header = parse_request_header(frame, client_host)
         api = header.api
         if api is None:
             raise BadRequestError(f"unknown API key {header.api_key}")

@@ -38,3 +38,18 @@ class BrokerSettings(ServiceSettings):
     replica_fetch_wait_max_ms: int = Field(500, ge=0)
     replica_fetch_max_bytes: int = Field(1024 * 1024, ge=1024)
     replica_fetch_backoff_ms: int = Field(1000, ge=1)
+    # Consumer groups (Kafka's offsets.* and group.* settings and defaults). The offsets
+    # topic is created on the first FindCoordinator, once this many brokers are registered.
+    offsets_topic_num_partitions: int = Field(50, ge=1)
+    offsets_topic_replication_factor: int = Field(3, ge=1)
+    offsets_topic_segment_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    offsets_commit_timeout_ms: int = Field(5000, ge=1)
+    offset_metadata_max_bytes: int = Field(4096, ge=0)
+    offsets_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=1)
+    offsets_retention_check_interval_ms: int = Field(600000, ge=1)
+    group_initial_rebalance_delay_ms: int = Field(3000, ge=0)
+    group_min_session_timeout_ms: int = Field(6000, ge=1)
+    group_max_session_timeout_ms: int = Field(1800000, ge=1)
+    group_max_size: int = Field((1 << 31) - 1, ge=1)
+    # Idempotent producers: state of a producer id unseen this long is dropped.
+    producer_id_expiration_ms: int = Field(86400000, ge=1)

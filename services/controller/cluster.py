@@ -35,6 +35,7 @@ from services.controller.model import (
 )
 
 MAX_PARTITIONS = 10_000
+PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's: a broker asks again after this many InitProducerIds
 DEFAULT = -1  # partitions / replication factor: the controller's default
 
 
@@ -56,10 +57,19 @@ class Change:
     brokers: tuple[BrokerRegistration, ...] = ()
     topics: tuple[Topic, ...] = ()  # new or replaced, whole
     last_broker_epoch: int | None = None
+    next_producer_id: int | None = None
     leader_elections: int = 0  # partitions that got a new leader (not -1)
     unclean_elections: int = 0  # of which from outside the ISR
     preferred_elections: int = 0  # of which back to the preferred replica (rebalance)
     isr_changes: int = 0
+
+    @property
+    def touches_image(self) -> bool:
+        """Whether the brokers' image changes: the producer id counter is no part of it, so
+        an allocation needs no metadata update."""
+        return bool(
+            self.brokers or self.topics or self.delta.topics or self.delta.deleted_topic_ids
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +92,18 @@ class IsrResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerIdBlock:
+    """Producer ids ``first`` to ``first + count - 1``, one broker's to hand out."""
+
+    first: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.first + self.count
+
+
+@dataclass(frozen=True, slots=True)
 class Image:
     """What the store holds, as loaded by a controller that takes over."""
 
@@ -89,6 +111,7 @@ class Image:
     brokers: Mapping[int, BrokerRegistration]
     topics: Mapping[bytes, Topic]
     last_broker_epoch: int
+    next_producer_id: int
 
 
 class ClusterState:
@@ -108,6 +131,7 @@ class ClusterState:
         self.topics = dict(image.topics)
         self.topic_ids = {topic.name: topic_id for topic_id, topic in self.topics.items()}
         self.last_broker_epoch = image.last_broker_epoch
+        self.next_producer_id = image.next_producer_id
         self.paths = paths
         self.session_timeout = session_timeout
         self.default_partitions = default_partitions
@@ -589,6 +613,31 @@ class ClusterState:
             topics=(replace(topic, configs=configs),),
         )
 
+    # Producer ids -----------------------------------------------------------------------
+
+    def allocate_producer_ids(
+        self, broker_id: int, broker_epoch: int
+    ) -> tuple[ProducerIdBlock, Change]:
+        """The next PRODUCER_ID_BLOCK_SIZE producer ids, for a current broker (Kafka KIP-730).
+        Blocks follow each other from id 0, so none overlaps another as long as each
+        commits before the next is planned. Raises STALE_BROKER_EPOCH or
+        BROKER_ID_NOT_REGISTERED as a heartbeat answers, and UNKNOWN_SERVER_ERROR, as
+        Kafka does, once no whole block is left below 2**63."""
+        error = self.broker_error(broker_id, broker_epoch)
+        if error is not ErrorCode.NONE:
+            raise KafkaError(
+                error, f"broker {broker_id} epoch {broker_epoch}: {error.name}, register again"
+            )
+        block = ProducerIdBlock(self.next_producer_id, PRODUCER_ID_BLOCK_SIZE)
+        if block.end > layout.PRODUCER_ID_LIMIT:
+            raise KafkaError(
+                ErrorCode.UNKNOWN_SERVER_ERROR,
+                f"producer ids exhausted: the next block would end past 2**63 - 1 "
+                f"(next id {block.first})",
+            )
+        op = SetData(self.paths.producer_ids, layout.encode_next_producer_id(block.end))
+        return block, Change((op,), next_producer_id=block.end)
+
     # Applying a committed change --------------------------------------------------------
 
     def apply(self, change: Change, now: float) -> None:
@@ -601,6 +650,8 @@ class ClusterState:
             self.shutting_down.discard(registration.broker_id)
         if change.last_broker_epoch is not None:
             self.last_broker_epoch = change.last_broker_epoch
+        if change.next_producer_id is not None:
+            self.next_producer_id = change.next_producer_id
         for topic_id in change.delta.deleted_topic_ids:
             self._forget(self.topics.pop(topic_id))
         for topic in change.topics:

@@ -114,7 +114,8 @@ class Term:
             raise NotActiveError(NOT_ACTIVE) from exc
         self.state.apply(change, self._clock())
         self._metrics.committed(change)
-        self.publish(change.delta)
+        if change.touches_image:
+            self.publish(change.delta)
 
     async def elect(self) -> None:
         """Commit, in chunks, the partition changes the fenced and shutting-down brokers

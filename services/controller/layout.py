@@ -6,6 +6,7 @@ Under the root (``/directlog`` by default)::
     controller                  ephemeral: {"controller_id", "address", "epoch"}
     controller_epoch            {"epoch": N}; every state write checks its znode version
     broker_epoch                {"last": N}: the last broker epoch handed out
+    producer_ids                {"next": N}: the first producer id no block holds yet
     brokers/<id>                {"incarnation_id", "broker_epoch", "listeners", "rack"}
     topics/<topic id>           {"name", "configs", "replicas": [[1, 2, 3], ...]}
     topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch"}
@@ -51,6 +52,8 @@ class Delete:
 
 StoreOp = Create | SetData | Delete
 
+PRODUCER_ID_LIMIT = 2**63  # producer ids are int64s from 0 up to, not including, this
+
 
 @dataclass(frozen=True, slots=True)
 class ControllerRecord:
@@ -70,6 +73,7 @@ class Layout:
         self.controller = f"{self.root}/controller"
         self.controller_epoch = f"{self.root}/controller_epoch"
         self.broker_epoch = f"{self.root}/broker_epoch"
+        self.producer_ids = f"{self.root}/producer_ids"
         self.brokers = f"{self.root}/brokers"
         self.topics = f"{self.root}/topics"
 
@@ -140,6 +144,19 @@ def encode_last_broker_epoch(epoch: int) -> bytes:
 
 def decode_last_broker_epoch(data: bytes) -> int:
     return int(_load(data)["last"])
+
+
+def encode_next_producer_id(producer_id: int) -> bytes:
+    return _dump({"next": producer_id})
+
+
+def decode_next_producer_id(data: bytes) -> int:
+    """Refuses a value no allocation can have written (below 0, past 2**63), so a
+    damaged znode stops a takeover instead of handing out ids twice."""
+    value = int(_load(data)["next"])
+    if not 0 <= value <= PRODUCER_ID_LIMIT:
+        raise ValueError(f"next producer id {value} is out of range")
+    return value
 
 
 def encode_broker(broker: BrokerRegistration) -> bytes:

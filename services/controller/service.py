@@ -181,6 +181,31 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         )
         return pb.ControlledShutdownReply(remaining_leaderships=remaining)
 
+    async def AllocateProducerIds(
+        self, request: pb.AllocateProducerIdsRequest, context: Context
+    ) -> pb.AllocateProducerIdsReply:
+        """The block is committed before the reply, so no later block can overlap it."""
+        with self._metrics.rpc("AllocateProducerIds"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        block, change = term.state.allocate_producer_ids(
+                            request.broker_id, request.broker_epoch
+                        )
+                    except KafkaError as exc:
+                        log.info("AllocateProducerIds %d refused: %s", request.broker_id, exc)
+                        return pb.AllocateProducerIdsReply(
+                            error_code=exc.code, error_message=str(exc)
+                        )
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        log.info(
+            "producer ids %d to %d for broker %d", block.first, block.end - 1, request.broker_id
+        )
+        return pb.AllocateProducerIdsReply(first_producer_id=block.first, count=block.count)
+
     # Topics -----------------------------------------------------------------------------
 
     async def CreateTopics(

@@ -110,6 +110,8 @@ class Store:
             (self.paths.topics, b""),
             (self.paths.controller_epoch, layout.encode_epoch(0)),
             (self.paths.broker_epoch, layout.encode_last_broker_epoch(0)),
+            # Also for a store written before producer ids existed: ids then start at 0.
+            (self.paths.producer_ids, layout.encode_next_producer_id(0)),
             (self.paths.cluster_id, layout.encode_cluster_id(new_cluster_id)),
         ]
         for path, data in skeleton:
@@ -184,6 +186,7 @@ class Store:
         try:
             cluster_data, _ = await self._call(self._client.get_async, paths.cluster_id)
             last_data, _ = await self._call(self._client.get_async, paths.broker_epoch)
+            producer_data, _ = await self._call(self._client.get_async, paths.producer_ids)
             broker_ids = sorted(
                 int(b) for b in await self._call(self._client.get_children_async, paths.brokers)
             )
@@ -202,6 +205,7 @@ class Store:
                 brokers,
                 {topic.topic_id: topic for topic in topics},
                 layout.decode_last_broker_epoch(last_data),
+                layout.decode_next_producer_id(producer_data),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc

@@ -24,7 +24,10 @@ from directlog.topics import TopicPartition
 from services.broker.apis import CloseConnectionError, KafkaApis
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
+from services.broker.groups.coordinator import CoordinatorSettings, GroupCoordinator
+from services.broker.groups.handlers import GroupApis
 from services.broker.metrics import BrokerMetrics
+from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.replica_fetcher import FetchSettings
 from services.broker.replica_manager import ReplicaManager
 from services.broker.server import BadRequestError, KafkaServer
@@ -151,7 +154,10 @@ class InProcessBroker:
         log.append(build_batch([Record(0, 1_700_000_000_000, b"k", b"kept")]))
         log.update_high_watermark(1)
         link = ControllerLink(settings.controllers, 0, [], None, 1.0, lambda update: None)
-        apis = KafkaApis(settings, self.image, replicas, link, metrics)
+        groups = GroupApis(GroupCoordinator(CoordinatorSettings(), lambda: 1), self.image, metrics)
+        apis = KafkaApis(
+            settings, self.image, replicas, link, metrics, groups, ProducerIdAllocator(link)
+        )
         self.server = KafkaServer(apis, apis.metrics, max_request_bytes=1 << 20)
 
     def respond(self, raw: bytes):

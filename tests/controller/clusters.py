@@ -16,7 +16,7 @@ PATHS = Layout("/directlog")
 
 
 def empty_state(now: float = 0.0) -> ClusterState:
-    image = Image("cluster", {}, {}, 0)
+    image = Image("cluster", {}, {}, 0, 0)
     return ClusterState(image, PATHS, now=now, session_timeout=TIMEOUT, rng=random.Random(7))
 
 
@@ -51,7 +51,7 @@ def with_topic(
     topic_id = bytes(range(16))
     topic = Topic("t", topic_id, dict(configs or {}), partitions)
     state = ClusterState(
-        Image("cluster", registrations, {topic_id: topic}, brokers),
+        Image("cluster", registrations, {topic_id: topic}, brokers, 0),
         PATHS,
         now=0.0,
         session_timeout=TIMEOUT,

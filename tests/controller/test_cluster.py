@@ -293,7 +293,7 @@ def test_create_topic_plans_one_znode_and_initial_states() -> None:
 
 def test_create_topic_defaults() -> None:
     state = ClusterState(
-        Image("c", {}, {}, 0),
+        Image("c", {}, {}, 0, 0),
         PATHS,
         now=0.0,
         session_timeout=TIMEOUT,

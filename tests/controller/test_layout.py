@@ -14,6 +14,7 @@ def test_paths() -> None:
     topic_id = bytes(range(16))
     assert paths.controller_epoch == "/clusters/a/controller_epoch"
     assert paths.broker(3) == "/clusters/a/brokers/3"
+    assert paths.producer_ids == "/clusters/a/producer_ids"
     assert paths.topic(topic_id) == "/clusters/a/topics/AAECAwQFBgcICQoLDA0ODw"
     assert paths.partition(topic_id, 7) == "/clusters/a/topics/AAECAwQFBgcICQoLDA0ODw/7"
 
@@ -44,6 +45,8 @@ def test_records_round_trip() -> None:
     assert layout.decode_controller(layout.encode_controller(record)) == record
     assert layout.decode_epoch(layout.encode_epoch(12)) == 12
     assert layout.decode_last_broker_epoch(layout.encode_last_broker_epoch(40)) == 40
+    for next_id in (0, 7000, 2**63):
+        assert layout.decode_next_producer_id(layout.encode_next_producer_id(next_id)) == next_id
     assert layout.decode_cluster_id(layout.encode_cluster_id("abc")) == "abc"
     topic = layout.decode_topic(layout.encode_topic("t", {"a": "1"}, [(1, 2), (2, 1)]))
     assert (topic.name, topic.configs, topic.replicas) == ("t", {"a": "1"}, [(1, 2), (2, 1)])

@@ -75,7 +75,12 @@ class Cluster:
             )
             for i in range(controllers)
         ]
-        self.broker_settings = {**FAST_BROKER, **(broker_settings or {})}
+        self.broker_settings = {
+            **FAST_BROKER,
+            "offsets_topic_replication_factor": min(brokers, 3),
+            "offsets_topic_num_partitions": 10,  # Kafka's 50 cost start-up time in every test
+            **(broker_settings or {}),
+        }
         self.racks = dict(racks or {})
         self.brokers: dict[int, BrokerProcess] = {}
         self._broker_count = brokers

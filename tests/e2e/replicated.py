@@ -56,13 +56,15 @@ class Load:
     """A producer thread sending numbered values (acks=all, retries on) until stopped, and
     the outcome of every send."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, *, idempotent: bool = False) -> None:
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
                 "acks": "all",
-                "enable.idempotence": False,
-                "max.in.flight.requests.per.connection": 1,  # retries keep send order
+                "enable.idempotence": idempotent,
+                # Retries keep send order: by sequence numbers with idempotence, else by
+                # sending one request at a time.
+                "max.in.flight.requests.per.connection": 5 if idempotent else 1,
                 "linger.ms": 5,
                 "message.timeout.ms": 30000,
                 "retry.backoff.ms": 100,

@@ -1,6 +1,7 @@
 """Controllers against a real consensus ensemble, with this test playing the brokers over
 gRPC: registration and heartbeats, topics, fencing seen on the metadata stream,
-AlterPartition, a SIGKILLed active controller replaced by its standby, and bad input.
+AlterPartition, producer id blocks, a SIGKILLed active controller replaced by its standby,
+and bad input.
 
 The tests share one 3-member ensemble; each keeps its cluster under a root znode of its own
 and starts its own controllers. Every wait is bounded; nothing asserts on durations.
@@ -9,12 +10,14 @@ and starts its own controllers. Every wait is bounded; nothing asserts on durati
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -479,6 +482,57 @@ def test_standby_takes_over_from_a_killed_controller(
             time.sleep(0.05)
         assert hint == standby.address
         assert brokers.create_topic("after-failover", 1, 3).error_code == 0
+    finally:
+        heartbeats.stop()
+        brokers.close()
+
+
+def test_producer_id_blocks_never_overlap_across_a_failover(
+    start_controller: StartController,
+) -> None:
+    first, second = start_controller(1), start_controller(2)
+    active = wait_active(first, second)
+    standby = second if active is first else first
+    brokers = Brokers(active, standby)
+    epochs = {b: brokers.register(b).broker_epoch for b in (1, 2, 3)}
+    heartbeats = Heartbeats(brokers, epochs)
+
+    def allocate(broker_id: int) -> range:
+        request = pb.AllocateProducerIdsRequest(broker_id=broker_id, broker_epoch=epochs[broker_id])
+        reply = brokers.call("AllocateProducerIds", request)
+        assert reply.error_code == 0, reply.error_message
+        return range(reply.first_producer_id, reply.first_producer_id + reply.count)
+
+    try:
+        with ThreadPoolExecutor(6) as pool:  # concurrent requests from every broker
+            before = list(pool.map(allocate, [1, 2, 3] * 4))
+        assert sorted(b.start for b in before) == [i * 1000 for i in range(12)]
+        assert all(len(b) == 1000 for b in before)
+
+        stale = pb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=epochs[1] + 100)
+        unknown = pb.AllocateProducerIdsRequest(broker_id=9, broker_epoch=epochs[1])
+        assert brokers.call("AllocateProducerIds", stale).error_code == (
+            ErrorCode.STALE_BROKER_EPOCH
+        )
+        assert brokers.call("AllocateProducerIds", unknown).error_code == (
+            ErrorCode.BROKER_ID_NOT_REGISTERED
+        )
+        with standby.channel() as channel:
+            request = pb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=epochs[1])
+            refused = rpc_error(
+                lambda: standby.stub(channel).AllocateProducerIds(request, timeout=5)
+            )
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert active_hint(refused) == active.address
+
+        active.kill()
+        assert wait_active(standby) is standby
+        with ThreadPoolExecutor(3) as pool:
+            after = list(pool.map(allocate, [1, 2, 3] * 2))
+        assert min(b.start for b in after) >= max(b.stop for b in before)
+        blocks = sorted(before + after, key=lambda b: b.start)
+        for earlier, later in itertools.pairwise(blocks):
+            assert earlier.stop <= later.start, (earlier, later)
     finally:
         heartbeats.stop()
         brokers.close()

@@ -140,7 +140,8 @@ def test_segments_roll_on_size_and_are_named_by_base_offset(open_log, tmp_path: 
     assert all(s.size <= 1024 for s in log.segments)
     names = sorted(p.name for p in (tmp_path / "topic-0").glob("*.log"))
     assert names == [f"{b:020d}.log" for b in bases]
-    assert {p.suffix for p in (tmp_path / "topic-0").iterdir()} == {".log", ".index", ".timeindex"}
+    suffixes = {p.suffix for p in (tmp_path / "topic-0").iterdir()}
+    assert suffixes == {".log", ".index", ".timeindex", ".snapshot"}  # producer state at rolls
     assert [r.offset for r in read_all(log)] == list(range(30))
 
 

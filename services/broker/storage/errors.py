@@ -32,3 +32,13 @@ class ReservationStateError(Exception):
     """The reserve/commit protocol was used out of order: a commit that is not the oldest
     pending reservation, an append while reservations are pending, a reservation that does
     not fit the head segment. The datapath above must serialize; nothing was written."""
+
+
+class OutOfOrderSequenceError(Exception):
+    """An idempotent producer's batch does not follow its last one: a sequence gap, or a new
+    epoch that does not start at 0. Kafka: OUT_OF_ORDER_SEQUENCE_NUMBER."""
+
+
+class InvalidProducerEpochError(Exception):
+    """A batch from an older epoch of its producer id than the partition has seen: a
+    producer fenced by a newer instance. Kafka: INVALID_PRODUCER_EPOCH."""

@@ -9,8 +9,10 @@ bytes where they lie and stamps offsets in place. Readers get whole batches as f
 bounded by max bytes and an upper offset (the high watermark), ready for os.sendfile.
 
 Beside the segments the directory holds the leader epoch cache (`leader-epoch-checkpoint`,
-see leader_epochs.py), kept in step with appends, truncation and retention, and Kafka's
-`partition.metadata`, which names the topic id the log belongs to.
+see leader_epochs.py), kept in step with appends, truncation and retention, Kafka's
+`partition.metadata`, which names the topic id the log belongs to, and the idempotent
+producers' state (`<offset>.snapshot`, see producer_state.py), checked before a producer
+append writes anything and snapshotted when a segment rolls and when the log closes.
 
 Invariants: offsets are dense for producer appends and never go back; log start <= high
 watermark <= log end; recovery point <= log end; the head segment is the last one; no
@@ -26,7 +28,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -36,6 +38,8 @@ from directlog.records.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     NO_TIMESTAMP,
+    BatchHeader,
+    TimestampType,
     stamp_offset_and_epoch,
 )
 from directlog.records.varint import Buffer
@@ -49,11 +53,19 @@ from services.broker.storage.errors import (
 from services.broker.storage.leader_epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.offset_index import OffsetIndex
+from services.broker.storage.producer_state import (
+    PRODUCER_ID_EXPIRATION_MS,
+    BatchMetadata,
+    ProducerSnapshotFiles,
+    ProducerStateManager,
+)
 from services.broker.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
+    finish_interrupted_swaps,
 )
 from services.broker.storage.validator import AppendPlan, plan_append
 
@@ -73,6 +85,8 @@ class AppendResult(NamedTuple):
     records: int
     size: int
     log_append_time: int  # -1 unless the topic stamps LogAppendTime
+    # An idempotent producer's retry: nothing was written; the offsets are the original's.
+    duplicate: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,6 +128,7 @@ class PartitionLog:
         clock: Clock,
         leader_epochs: LeaderEpochCache,
         topic_id: uuid.UUID | None = None,
+        producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
     ) -> None:
         assert segments, "a log always has a head segment"
         self.directory = directory
@@ -130,6 +145,8 @@ class PartitionLog:
         self._last_flush_ms = clock()
         self.leader_epochs = leader_epochs
         self.topic_id = topic_id
+        self.producers = ProducerStateManager(producer_id_expiration_ms)
+        self._producer_snapshots = ProducerSnapshotFiles(directory)
 
     # Opening ---------------------------------------------------------------------------
 
@@ -144,17 +161,22 @@ class PartitionLog:
         high_watermark: int = 0,
         clean_shutdown: bool = False,
         clock: Clock = wall_clock_ms,
+        producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
     ) -> PartitionLog:
         """Open or create the log in `directory`.
 
         After an unclean shutdown every segment holding offsets at or above
         `recovery_point` is validated batch by batch; the log is cut after the last valid
         batch and any later segment is deleted. Segments wholly below `log_start_offset`
-        (left by a crash during retention) are deleted. The leader epoch cache is then cut
-        to the log as it stands (a crash may have lost records an epoch entry points at).
+        (left by a crash during retention) are deleted, after a compacted segment's swap
+        that a crash interrupted is completed or discarded (segment.finish_interrupted_swaps).
+        The leader epoch cache is then cut to the log as it stands (a crash may have lost
+        records an epoch entry points at), and the producer state rebuilt from the newest
+        usable snapshot at or below the log end plus the batch headers after it.
         A malformed leader-epoch-checkpoint or partition.metadata raises StorageError."""
         directory.mkdir(parents=True, exist_ok=True)
         remove_temporaries(directory)
+        finish_interrupted_swaps(directory)
         topic_id = read_partition_metadata(directory)
         leader_epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_CHECKPOINT)
         now = clock()
@@ -181,7 +203,7 @@ class PartitionLog:
                 for later in bases[i + 1 :]:
                     _delete_segment_files(directory, later)
                 break
-        while len(segments) > 1 and segments[0].next_offset <= log_start_offset:
+        while len(segments) > 1 and segments[1].base_offset <= log_start_offset:
             segments.pop(0).delete()
         if not segments:
             start = max(log_start_offset, 0)
@@ -201,7 +223,7 @@ class PartitionLog:
         point = log_end if not clean_shutdown else min(recovery_point, log_end)
         leader_epochs.truncate_from_end(log_end)
         leader_epochs.truncate_from_start(start)
-        return cls(
+        opened = cls(
             directory,
             config,
             segments,
@@ -211,7 +233,11 @@ class PartitionLog:
             clock=clock,
             leader_epochs=leader_epochs,
             topic_id=topic_id,
+            producer_id_expiration_ms=producer_id_expiration_ms,
         )
+        opened._producer_snapshots.delete_below(start)
+        opened._load_producer_state()
+        return opened
 
     # State -----------------------------------------------------------------------------
 
@@ -263,6 +289,11 @@ class PartitionLog:
         they take the next offsets; without (a follower) they keep the leader's offsets.
         A rejected buffer raises a typed error and leaves the log unchanged.
 
+        Producer data from idempotent producers must pass their epoch and sequence checks
+        (InvalidProducerEpochError, OutOfOrderSequenceError); an append repeating a batch
+        already written is not written again and answers that batch's offsets with
+        `duplicate` set. A follower's batches only update the producer state.
+
         A leader's `leader_epoch` (>= 0) newer than the cache's latest starts that epoch at
         the first offset; a follower's batches start each newer epoch they carry."""
         with self._lock:
@@ -270,6 +301,11 @@ class PartitionLog:
                 raise ReservationStateError("append while reservations are pending")
             now = self._clock()
             plan = self._plan(buf, leader_epoch, assign_offsets, now)
+            producers = None
+            if assign_offsets:
+                producers = self.producers.check_append(buf, plan)
+                if producers is not None and producers.duplicate is not None:
+                    return _duplicate(producers.duplicate, self.config)
             self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
             # Before the write, as Kafka does: an entry whose records a crash lost is cut at
             # the next open, while records without their epoch entry could not be repaired.
@@ -282,6 +318,10 @@ class PartitionLog:
             position = segment.size
             segment.log.append(_iovecs(buf, plan, leader_epoch))
             segment.committed(plan, position)
+            if producers is not None:
+                self.producers.complete(producers)
+            elif not assign_offsets:
+                self.producers.update_replicated(buf, plan)
             return self._appended(plan)
 
     def reserve(self, size: int) -> Reservation:
@@ -315,7 +355,9 @@ class PartitionLog:
         """Validate the first `length` bytes of a filled reservation where they lie, stamp
         offsets in place and make them part of the log. Only the oldest pending reservation
         can commit; only the newest may commit fewer bytes than it reserved. A region that
-        fails validation is discarded with every later reservation, and the error raised."""
+        fails validation (the producer checks included, as in `append`) is discarded with
+        every later reservation, and the error raised; so is a region that repeats batches
+        already written, answered like `append` answers a duplicate."""
         with self._lock:
             if not self._pending or self._pending[0] is not reservation:
                 raise ReservationStateError(
@@ -331,6 +373,11 @@ class PartitionLog:
             region = reservation.buffer[:used]
             try:
                 plan = self._plan(region, leader_epoch, True, self._clock())
+                producers = self.producers.check_append(region, plan)
+                if producers is not None and producers.duplicate is not None:
+                    region.release()
+                    self._discard_pending(0)  # later reservations cannot commit past the gap
+                    return _duplicate(producers.duplicate, self.config)
                 if leader_epoch > self.leader_epochs.latest_epoch:
                     self.leader_epochs.assign(leader_epoch, plan.first_offset)
             except Exception:
@@ -347,6 +394,8 @@ class PartitionLog:
             self._close(reservation)
             reservation.segment.log.advance(used)
             reservation.segment.committed(plan, reservation.position)
+            if producers is not None:
+                self.producers.complete(producers)
             return self._appended(plan)
 
     def abort(self, reservation: Reservation) -> None:
@@ -402,6 +451,44 @@ class PartitionLog:
             plan.first_offset, plan.last_offset, plan.records, plan.size, plan.log_append_time
         )
 
+    # Producer state --------------------------------------------------------------------
+
+    def expire_producers(self, now_ms: int) -> int:
+        """Forget idempotent producers whose latest batch is producer.id.expiration.ms older
+        than `now_ms` (the broker's housekeeping calls this); returns how many."""
+        with self._lock:
+            return self.producers.expire(now_ms)
+
+    def _load_producer_state(self) -> None:
+        """Rebuild the producer state at the log end, as Kafka's loadProducerState does:
+        the newest usable snapshot at or below it, then the batch headers after it."""
+        end = self.log_end_offset
+        self._producer_snapshots.delete_above(end)
+        restored = self._producer_snapshots.restore(self.producers, end)
+        for header in self._batch_headers_from(0 if restored is None else restored):
+            self.producers.update(header)
+        self.producers.drop_before(self.log_start_offset)
+        self.producers.expire(self._clock())
+
+    def _batch_headers_from(self, offset: int) -> Iterator[BatchHeader]:
+        """Headers of the batches whose base offset is at or above `offset`, in order."""
+        for segment in self._segments:
+            if segment.next_offset <= offset:
+                continue
+            found = segment.locate(offset)
+            if found is None:
+                continue
+            for _, header in segment.headers_from(found[0]):
+                if header.base_offset >= offset:
+                    yield header
+
+    def _take_producer_snapshot(self) -> None:
+        """Snapshot the producer state at the log end (Kafka does at roll and close) so the
+        next open rebuilds only from there; keep only the snapshots still worth having."""
+        end = self.log_end_offset
+        self._producer_snapshots.write(end, self.producers.snapshot(end))
+        self._producer_snapshots.retain(min(self.recovery_point, self.high_watermark))
+
     # Rolling ---------------------------------------------------------------------------
 
     def _maybe_roll(
@@ -430,6 +517,7 @@ class PartitionLog:
             segment = self._new_segment(self.log_end_offset)
             self._segments.append(segment)
             self._bases.append(segment.base_offset)
+            self._take_producer_snapshot()
             return segment
 
     def _new_segment(self, base_offset: int) -> LogSegment:
@@ -520,20 +608,67 @@ class PartitionLog:
             return True
         return False
 
+    # Compaction ------------------------------------------------------------------------
+
+    def replace_segments(
+        self, old: list[LogSegment], sizes: list[int], cleaned: LogSegment | None
+    ) -> bool:
+        """Swap `cleaned`, which the log cleaner wrote under `.cleaned` names at old[0]'s
+        base, in for `old`, consecutive inactive segments of these `sizes`; with None, drop
+        `old` (the cleaner kept none of their records). Returns False, deleting `cleaned`,
+        if `old` is no longer what the cleaner read (retention, truncation or a reset got
+        there first): the caller ends its pass.
+
+        Crash-safe (segment.finish_interrupted_swaps completes what a crash leaves): the
+        cleaned files become `.swap` files, the commit point; the old segments are deleted;
+        the swap files take the usual names. Readers already holding an old segment or a
+        FileSlice of one keep reading it; its descriptor closes when they drop it."""
+        with self._lock:
+            first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
+            stop = first + len(old)
+            current = self._segments[first:stop] if first >= 0 else []
+            if (
+                stop >= len(self._segments)
+                or len(current) != len(old)
+                or any(
+                    s is not o or s.size != n for s, o, n in zip(current, old, sizes, strict=True)
+                )
+            ):
+                if cleaned is not None:
+                    cleaned.delete()
+                return False
+            replacement = [] if cleaned is None else [cleaned]
+            try:
+                if cleaned is not None:
+                    cleaned.move_to(SWAP_SUFFIX)
+                self._segments[first:stop] = replacement
+                self._bases[first:stop] = [s.base_offset for s in replacement]
+                for segment in old:  # in offset order: what a crash keeps is always safe
+                    segment.delete()
+                if cleaned is not None:
+                    cleaned.move_to("")
+            except OSError as exc:
+                raise StorageError(f"swap of cleaned segments in {self.directory}: {exc}") from exc
+            return True
+
     # Retention and truncation ----------------------------------------------------------
 
     def delete_retained_segments(self) -> int:
         """Delete whole segments past retention.ms or beyond retention.bytes, oldest first,
-        never above the high watermark. Returns how many were deleted."""
+        never above the high watermark, unless cleanup.policy leaves out `delete` (a
+        compacted log keeps its segments). Returns how many were deleted."""
         with self._lock:
-            if self._pending:
+            if self._pending or not self.config.delete_by_retention:
                 return 0
             now = self._clock()
             config = self.config
-            excess = self.size_bytes - config.retention_bytes if config.retention_bytes >= 0 else 0
+            # Without a size limit the excess is negative, so even an empty segment (the
+            # cleaner may leave one at the log start) goes only once retention.ms passes.
+            excess = self.size_bytes - config.retention_bytes if config.retention_bytes >= 0 else -1
             doomed = 0
             for segment in self._segments:
-                if segment.is_empty() or segment.next_offset > self.high_watermark:
+                head = segment is self._segments[-1]
+                if (head and segment.is_empty()) or segment.next_offset > self.high_watermark:
                     break
                 expired = (
                     config.retention_ms >= 0
@@ -554,13 +689,16 @@ class PartitionLog:
             self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
             self.leader_epochs.truncate_from_start(self.log_start_offset)
+            self.producers.drop_before(self.log_start_offset)
+            self._producer_snapshots.delete_below(self.log_start_offset)
             return doomed
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch holding offsets >= offset, as a follower does when it diverged
         from its leader. Pending reservations are discarded. Leader epoch entries from the
         new log end on go too (it may lie below `offset` when that fell inside a batch); a
-        cut at or below the first segment restarts the log and clears them, like Kafka."""
+        cut at or below the first segment restarts the log and clears them, like Kafka.
+        The producer state is rebuilt at the new end (snapshots above it are deleted)."""
         with self._lock:
             if offset >= self.log_end_offset:
                 return
@@ -577,10 +715,12 @@ class PartitionLog:
                 head.log.preallocate(self.config.segment_bytes)
             self.leader_epochs.truncate_from_end(self.log_end_offset)
             self._after_truncation()
+            self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop all data and restart the log, empty, at `offset`; the leader epoch cache is
-        cleared (the next append says which epoch the new records belong to)."""
+        cleared (the next append says which epoch the new records belong to), and so are
+        the producer state and its snapshots."""
         with self._lock:
             self._discard_pending(0)
             self._reset_at(offset)
@@ -593,6 +733,8 @@ class PartitionLog:
         self._bases = [offset]
         self.log_start_offset = offset
         self.leader_epochs.clear()
+        self.producers.clear()
+        self._producer_snapshots.delete_all()
         self._after_truncation()
 
     def _after_truncation(self) -> None:
@@ -604,10 +746,12 @@ class PartitionLog:
     # Lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush, record the head's largest timestamp, trim preallocation, close files."""
+        """Flush, snapshot the producer state, record the head's largest timestamp, trim
+        preallocation, close files."""
         with self._lock:
             self._discard_pending(0)
             self.flush()
+            self._take_producer_snapshot()
             head = self._segments[-1]
             head.on_inactive()
             head.flush()
@@ -641,6 +785,14 @@ def _iovecs(buf: Buffer, plan: AppendPlan, leader_epoch: int) -> list[Buffer]:
             iov.append(_PREFIX.pack(batch.base_offset, batch.size - LOG_OVERHEAD, leader_epoch))
             iov.append(view[start + _PREFIX.size : stop])
     return iov
+
+
+def _duplicate(batch: BatchMetadata, config: LogConfig) -> AppendResult:
+    """The answer to a retried idempotent batch, nothing written: what its first append
+    answered (offsets, and under LogAppendTime the time stamped then, its max timestamp)."""
+    log_append = config.message_timestamp_type is TimestampType.LOG_APPEND_TIME
+    append_time = batch.max_timestamp if log_append else -1
+    return AppendResult(batch.first_offset, batch.last_offset, 0, 0, append_time, duplicate=True)
 
 
 def read_partition_metadata(directory: Path) -> uuid.UUID | None:

@@ -8,10 +8,12 @@ files that describe them all.
     replication-offset-checkpoint      high watermark of each log
 
 and in each partition directory, beside its segments, `leader-epoch-checkpoint` (see
-leader_epochs.py) and `partition.metadata` (the topic id; see log.py).
+leader_epochs.py), `partition.metadata` (the topic id; see log.py) and, for compacted
+logs, `cleaner-offset-checkpoint` (see cleaner.py).
 
 The manager does one round of each periodic duty on request (flush what flush.ms says is
-due, apply retention, write checkpoints); the broker's scheduler decides when.
+due, apply retention, compact one log, write checkpoints); the broker's scheduler decides
+when.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from directlog.durable_files import fsync_path, remove_temporaries
 from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition, topic_name_error
 from services.broker.storage.checkpoint import OffsetCheckpointFile
+from services.broker.storage.cleaner import CleanResult, clean, find_cleanable
 from services.broker.storage.errors import StorageError
 from services.broker.storage.log import (
     Clock,
@@ -34,6 +39,7 @@ from services.broker.storage.log import (
     wall_clock_ms,
     write_partition_metadata,
 )
+from services.broker.storage.producer_state import PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +53,16 @@ ConfigFor = Callable[[str], LogConfig]
 
 
 class LogManager:
-    def __init__(self, log_dir: Path, config_for: ConfigFor, clock: Clock, lock_fd: int) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        config_for: ConfigFor,
+        clock: Clock,
+        lock_fd: int,
+        producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+    ) -> None:
         self.log_dir = log_dir
+        self._producer_id_expiration_ms = producer_id_expiration_ms
         self._config_for = config_for
         self._clock = clock
         self._lock_fd = lock_fd
@@ -56,10 +70,20 @@ class LogManager:
         self._recovery_points = OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT)
         self._log_starts = OffsetCheckpointFile(log_dir / LOG_START_CHECKPOINT)
         self._high_watermarks = OffsetCheckpointFile(log_dir / HIGH_WATERMARK_CHECKPOINT)
+        # One compaction pass at a time; close() and delete() stop it and wait for it, so a
+        # pass never reads a closed descriptor or writes into a deleted directory.
+        self._cleaning = threading.Lock()
+        self._stop_cleaning = threading.Event()
+        self._uncleanable: set[PartitionLog] = set()
 
     @classmethod
     def open(
-        cls, log_dir: Path, config_for: ConfigFor | None = None, *, clock: Clock = wall_clock_ms
+        cls,
+        log_dir: Path,
+        config_for: ConfigFor | None = None,
+        *,
+        clock: Clock = wall_clock_ms,
+        producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
     ) -> LogManager:
         """Take the directory, load every partition log (recovering them if the last
         shutdown was not clean) and remove the clean-shutdown marker."""
@@ -70,7 +94,13 @@ class LogManager:
         except BlockingIOError as exc:
             os.close(lock_fd)
             raise StorageError(f"{log_dir} is in use by another process") from exc
-        manager = cls(log_dir, config_for or (lambda topic: LogConfig()), clock, lock_fd)
+        manager = cls(
+            log_dir,
+            config_for or (lambda topic: LogConfig()),
+            clock,
+            lock_fd,
+            producer_id_expiration_ms,
+        )
         manager._load()
         return manager
 
@@ -93,6 +123,7 @@ class LogManager:
                 high_watermark=high_watermarks.get(tp, 0),
                 clean_shutdown=clean,
                 clock=self._clock,
+                producer_id_expiration_ms=self._producer_id_expiration_ms,
             )
         if not clean and self.logs:
             log.info(
@@ -126,7 +157,10 @@ class LogManager:
             directory.mkdir()
             write_partition_metadata(directory, topic_id)
         created = PartitionLog.open(
-            directory, config or self._config_for(tp.topic), clock=self._clock
+            directory,
+            config or self._config_for(tp.topic),
+            clock=self._clock,
+            producer_id_expiration_ms=self._producer_id_expiration_ms,
         )
         if topic_id is not None:
             created.set_topic_id(topic_id)  # no-op unless a leftover directory lacked it
@@ -135,9 +169,11 @@ class LogManager:
 
     def delete(self, *tps: TopicPartition) -> None:
         """Delete these partitions' logs, then rewrite the checkpoints once without them."""
-        removed = [log for log in (self.logs.pop(tp, None) for tp in tps) if log is not None]
-        for partition_log in removed:
-            partition_log.delete()
+        with self._cleaner_stopped():
+            removed = [log for log in (self.logs.pop(tp, None) for tp in tps) if log is not None]
+            for partition_log in removed:
+                partition_log.delete()
+                self._uncleanable.discard(partition_log)
         if removed:
             self.checkpoint()
 
@@ -161,17 +197,70 @@ class LogManager:
             self._log_starts.write({tp: p.log_start_offset for tp, p in self.logs.items()})
         return deleted
 
+    def expire_producers(self) -> int:
+        """Forget idempotent producers unseen for producer.id.expiration.ms; returns how many."""
+        now = self._clock()
+        return sum(p.expire_producers(now) for p in list(self.logs.values()))
+
+    def clean_compacted(self) -> CleanResult | None:
+        """One compaction pass (cleaner.py) over the compacted log that needs it most: one
+        past max.compaction.lag.ms first, else the one with the highest dirty ratio at or
+        above its min.cleanable.dirty.ratio. Blocking, for a worker thread; None if no log
+        was due."""
+        with self._cleaning:
+            now = self._clock()
+            due = []
+            for tp, partition_log in list(self.logs.items()):
+                if partition_log in self._uncleanable:
+                    continue
+                cleanable = find_cleanable(partition_log, now)
+                if cleanable is not None and cleanable.due:
+                    due.append(
+                        (cleanable.overdue, cleanable.dirty_ratio, tp, partition_log, cleanable)
+                    )
+            if not due:
+                return None
+            _, _, tp, partition_log, cleanable = max(due, key=lambda entry: entry[:2])
+            try:
+                result = clean(partition_log, cleanable, now, stop=self._stop_cleaning.is_set)
+            except Exception:
+                # Like Kafka, a log whose pass fails (a corrupt batch, an I/O error) is left
+                # alone until the broker restarts, so it neither floods the log nor starves
+                # the other compacted logs.
+                log.exception("compaction of %s failed; not compacting it again", tp)
+                self._uncleanable.add(partition_log)
+                return None
+            log.info(
+                "compacted %s below offset %d: %d bytes rewritten into %d, %d records removed%s",
+                tp,
+                result.cleaned_to,
+                result.bytes_before,
+                result.bytes_after,
+                result.records_removed,
+                "" if result.complete else " (stopped early)",
+            )
+            return result
+
+    @contextmanager
+    def _cleaner_stopped(self) -> Iterator[None]:
+        """Stop a compaction pass in progress (it ends at its next batch) and hold off others."""
+        self._stop_cleaning.set()
+        with self._cleaning:
+            self._stop_cleaning.clear()
+            yield
+
     def close(self) -> None:
         """Flush and close every log, write the checkpoints and mark the shutdown clean."""
-        for partition_log in self.logs.values():
-            partition_log.close()
-        self.checkpoint()
-        marker = self.log_dir / CLEAN_SHUTDOWN_FILE
-        marker.touch()
-        fsync_path(self.log_dir)
-        self.logs.clear()
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        os.close(self._lock_fd)
+        with self._cleaner_stopped():
+            for partition_log in self.logs.values():
+                partition_log.close()
+            self.checkpoint()
+            marker = self.log_dir / CLEAN_SHUTDOWN_FILE
+            marker.touch()
+            fsync_path(self.log_dir)
+            self.logs.clear()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
 
 
 def parse_log_dir_name(name: str) -> TopicPartition | None:

@@ -3,6 +3,10 @@
 Files are named by the 20-digit offset of the first record they may hold. The segment keeps
 what appends and reads need in memory: its logical size, the next offset, the largest
 timestamp so far and the offset where it was reached, and bytes since the last index entry.
+
+The log cleaner (cleaner.py) writes a compacted segment under `.cleaned` names and swaps it
+in for old segments through `.swap` names (`move_to`); `finish_interrupted_swaps` completes
+or discards, when a log opens, whatever a crash left of such a swap.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from directlog.durable_files import fsync_path
 from directlog.records.batch import (
     HEADER_SIZE,
     NO_TIMESTAMP,
     BatchHeader,
     decode_records,
+    iter_batches,
     read_header,
     records_area,
     scan_records,
@@ -24,6 +30,7 @@ from directlog.records.batch import (
 )
 from directlog.records.errors import RecordError
 from directlog.records.varint import Buffer
+from services.broker.storage.errors import StorageError
 from services.broker.storage.log_file import LogFile
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.time_index import TimeIndex
@@ -32,6 +39,8 @@ from services.broker.storage.validator import MAX_DECOMPRESSED, AppendPlan
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+CLEANED_SUFFIX = ".cleaned"  # after the usual name: a compacted segment being written
+SWAP_SUFFIX = ".swap"  # after the usual name: a complete compacted segment, being swapped in
 _READ_CHUNK = 16 * 1024
 
 
@@ -41,13 +50,19 @@ def segment_name(base_offset: int) -> str:
 
 class LogSegment:
     def __init__(
-        self, directory: Path, base_offset: int, log: LogFile, index_interval: int, created_ms: int
+        self,
+        directory: Path,
+        base_offset: int,
+        log: LogFile,
+        index_interval: int,
+        created_ms: int,
+        suffix: str = "",
     ) -> None:
         name = segment_name(base_offset)
         self.base_offset = base_offset
         self.log = log
-        self.offset_index = OffsetIndex(directory / (name + INDEX_SUFFIX), base_offset)
-        self.time_index = TimeIndex(directory / (name + TIME_INDEX_SUFFIX), base_offset)
+        self.offset_index = OffsetIndex(directory / (name + INDEX_SUFFIX + suffix), base_offset)
+        self.time_index = TimeIndex(directory / (name + TIME_INDEX_SUFFIX + suffix), base_offset)
         self.index_interval = index_interval
         self.created_ms = created_ms
         self.next_offset = base_offset
@@ -55,6 +70,7 @@ class LogSegment:
         self.offset_of_max_timestamp = -1
         self.first_batch_timestamp = NO_TIMESTAMP
         self.bytes_since_index = 0
+        self.deleted = False
 
     @classmethod
     def create(
@@ -65,10 +81,13 @@ class LogSegment:
         index_interval: int,
         now_ms: int,
         capacity: int | None,
+        suffix: str = "",
     ) -> LogSegment:
-        path = directory / (segment_name(base_offset) + LOG_SUFFIX)
+        """A new, empty segment; with a `suffix` (CLEANED_SUFFIX) its files carry it after
+        their usual names until `move_to` renames them."""
+        path = directory / (segment_name(base_offset) + LOG_SUFFIX + suffix)
         log = LogFile(path, capacity=capacity, create=True)
-        segment = cls(directory, base_offset, log, index_interval, now_ms)
+        segment = cls(directory, base_offset, log, index_interval, now_ms, suffix)
         segment.offset_index.reset()
         segment.time_index.reset()
         return segment
@@ -130,6 +149,14 @@ class LogSegment:
                 batch.max_timestamp,
                 batch.size,
             )
+
+    def append_batch(self, batch: Buffer, header: BatchHeader) -> None:
+        """Append one whole batch as it is, e.g. one the log cleaner kept or rebuilt."""
+        position = self.log.size
+        self.log.append([batch])
+        self._account(
+            position, header.base_offset, header.last_offset, header.max_timestamp, header.size
+        )
 
     def _account(
         self, position: int, base_offset: int, last_offset: int, max_timestamp: int, size: int
@@ -312,6 +339,8 @@ class LogSegment:
     # Lifecycle -------------------------------------------------------------------------
 
     def flush(self) -> None:
+        if self.deleted:  # a flush that listed it before retention or the cleaner removed it
+            return
         self.log.flush()
         self.offset_index.flush()
         self.time_index.flush()
@@ -322,6 +351,84 @@ class LogSegment:
         self.time_index.close()
 
     def delete(self) -> None:
+        self.deleted = True
         self.log.delete()
         self.offset_index.delete()
         self.time_index.delete()
+
+    def move_to(self, suffix: str) -> None:
+        """Rename the files to their usual names followed by `suffix` ("" for the usual names
+        themselves): the indexes first, then, once those renames (and any deletion before
+        them) are durable, the `.log`. So a `.log` under a suffix vouches for its indexes
+        under the same suffix or already past it, which `finish_interrupted_swaps` relies on."""
+        directory = self.log.path.parent
+        name = segment_name(self.base_offset)
+        for index, usual in (
+            (self.offset_index, INDEX_SUFFIX),
+            (self.time_index, TIME_INDEX_SUFFIX),
+        ):
+            target = directory / (name + usual + suffix)
+            os.replace(index.path, target)
+            index.path = target
+        fsync_path(directory)
+        target = directory / (name + LOG_SUFFIX + suffix)
+        os.replace(self.log.path, target)
+        self.log.path = target
+        fsync_path(directory)
+
+
+def finish_interrupted_swaps(directory: Path) -> None:
+    """Complete or discard what a crash left of the cleaner's swaps, before a log opens.
+
+    `.cleaned` files were never complete: deleted. A `<base>.log.swap` is a complete
+    compacted segment (the swap's commit point): the old segments it replaces, those whose
+    base lies in (base, its next offset), are deleted, then its files take their usual names
+    (replacing the old segment at `base`). Old segments past its next offset, all of whose
+    records the cleaner removed, may remain: they hold only records superseded later in the
+    log, so keeping them is safe. Index `.swap` files without their `.log.swap` are
+    leftovers from before a commit point: deleted."""
+    changed = False
+    for leftover in directory.glob("*" + CLEANED_SUFFIX):
+        leftover.unlink()
+        changed = True
+    for log_swap in sorted(directory.glob("*" + LOG_SUFFIX + SWAP_SUFFIX)):
+        name = log_swap.name[: -len(LOG_SUFFIX + SWAP_SUFFIX)]
+        if not (len(name) == 20 and name.isdigit()):
+            continue
+        base = int(name)
+        end = _next_offset_of(log_swap, base)
+        for path in directory.glob("*" + LOG_SUFFIX):
+            stem = path.stem
+            if len(stem) == 20 and stem.isdigit() and base < int(stem) < end:
+                for usual in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    (directory / (stem + usual)).unlink(missing_ok=True)
+        for usual in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            swap = directory / (name + usual + SWAP_SUFFIX)
+            if swap.exists():
+                os.replace(swap, directory / (name + usual))
+        fsync_path(directory)  # the deletions and index renames before the log takes its name
+        os.replace(log_swap, directory / (name + LOG_SUFFIX))
+        changed = True
+    for orphan in directory.glob("*" + SWAP_SUFFIX):
+        orphan.unlink()
+        changed = True
+    if changed:
+        fsync_path(directory)
+
+
+def _next_offset_of(path: Path, base_offset: int) -> int:
+    """The offset after the last batch of a complete (fsynced) segment file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return base_offset
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+            next_offset = base_offset
+            for _, header in iter_batches(mapped):
+                next_offset = header.next_offset
+            return next_offset
+    except RecordError as exc:
+        raise StorageError(f"{path} is not a complete compacted segment: {exc}") from exc
+    finally:
+        os.close(fd)

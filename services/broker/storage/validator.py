@@ -19,6 +19,7 @@ from directlog.records.batch import (
     CheckedBatch,
     TimestampType,
     check_batch,
+    raw_records,
     read_header,
     records_area,
     rewrite_header,
@@ -120,6 +121,8 @@ def plan_append(
             ):
                 _check_size(size, config)  # raise naming the rule broken
                 _check_producer_rules(count, attributes, last_offset_delta)
+            if config.compact:
+                _check_keys(view, position, end)
             if log_append:
                 new_attributes = attributes | TIMESTAMP_TYPE_FLAG
                 max_timestamp = now_ms
@@ -181,6 +184,18 @@ def _check_in_python(
     data = records_area(view, position, header, MAX_DECOMPRESSED)
     min_delta, max_delta = scan_records(data, 0, len(data), count, assign_offsets)
     return header.checked(count, min_delta, max_delta)
+
+
+def _check_keys(view: memoryview, position: int, end: int) -> None:
+    """A compacted topic keeps the latest record per key, so (as Kafka) it refuses records
+    without one: compaction would have to drop them."""
+    header = read_header(view, position, end)
+    data = records_area(view, position, header, MAX_DECOMPRESSED)
+    for index, record in enumerate(raw_records(data, header.records_count)):
+        if record.key is None:
+            raise InvalidRecordError(
+                f"record {index} has no key; a compacted topic accepts keyed records only"
+            )
 
 
 def _check_size(size: int, config: LogConfig) -> None:

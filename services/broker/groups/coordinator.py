@@ -1,0 +1,628 @@
+"""The group coordinator of one broker: the groups whose `__consumer_offsets` partition this
+broker leads, their membership (group.py) driven by requests and a clock, and their
+committed offsets, durable in that partition.
+
+Durability is Kafka's design: every commit, and every group generation a leader's assignment
+completes, is a record in the group's partition of the compacted `__consumer_offsets` topic,
+appended as its leader with acks=all, and the answer waits until the ISR has it. When this
+broker becomes a partition's leader it reads the partition back (COORDINATOR_LOAD_IN_PROGRESS
+meanwhile) and serves its groups from then on, members included, so a coordinator failover
+keeps every acknowledged commit and members need not rejoin. When it stops leading one,
+those groups are dropped and anything waiting is told NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.records.batch import Record, build_batch, decode_records, iter_batches
+from services.broker.error_codes import error_code_for
+from services.broker.groups.group import (
+    CommittedOffset,
+    Group,
+    GroupLimits,
+    GroupState,
+    JoinReply,
+    JoinRequest,
+    LeaveResult,
+    Reply,
+    SyncReply,
+)
+from services.broker.groups.offsets_topic import (
+    OFFSETS_TOPIC,
+    GroupKey,
+    GroupValue,
+    OffsetKey,
+    OffsetValue,
+    decode_group_value,
+    decode_key,
+    decode_offset_value,
+    encode_group_key,
+    encode_group_value,
+    encode_offset_key,
+    encode_offset_value,
+    partition_for,
+)
+from services.broker.partition import Partition
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1 << 20  # bytes read at a time when loading a partition
+TICK_SECONDS = 0.1  # how often deadlines are checked
+
+# How a failed append to __consumer_offsets is answered (Kafka's mapping).
+_STORE_ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
+}
+_TOO_LARGE = (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    """Kafka's offsets.* and group.* broker settings, with its defaults."""
+
+    limits: GroupLimits = field(default_factory=GroupLimits)
+    commit_timeout_ms: int = 5000  # offsets.commit.timeout.ms
+    metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+    retention_ms: int = 7 * 24 * 3600 * 1000  # offsets.retention.ms
+    retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+
+
+@dataclass(slots=True)
+class OffsetsPartition:
+    """A `__consumer_offsets` partition this broker leads, in one leader epoch."""
+
+    partition: Partition
+    leader_epoch: int
+    loaded: bool = False
+    groups: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        partition_count: Callable[[], int],
+        clock: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.settings = settings
+        self._partition_count = partition_count
+        self._clock = clock
+        self.groups: dict[str, Group] = {}
+        self.owned: dict[int, OffsetsPartition] = {}
+        self._waiters: dict[tuple[str, str, str], asyncio.Future[Reply]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self._next_expiry_check = 0
+
+    # Lifecycle and leadership -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for index in list(self.owned):
+            self._unload(index)
+
+    def leadership_changed(self, partition: Partition) -> None:
+        """ReplicaManager's hook: a hosted partition became leader, follower, or went away."""
+        if partition.tp.topic != OFFSETS_TOPIC:
+            return
+        index = partition.tp.partition
+        owned = self.owned.get(index)
+        if partition.is_leader:
+            if owned is not None and owned.leader_epoch == partition.leader_epoch:
+                return
+            if owned is not None:
+                self._unload(index)
+            owned = self.owned[index] = OffsetsPartition(partition, partition.leader_epoch)
+            self._spawn(self._load(index, owned))
+        elif owned is not None:
+            self._unload(index)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, index: int, owned: OffsetsPartition) -> None:
+        started = time.monotonic()
+        try:
+            records = await asyncio.to_thread(_read_partition, owned.partition)
+        except Exception:
+            log.exception("%s-%d: cannot load groups", OFFSETS_TOPIC, index)
+            return
+        if self.owned.get(index) is not owned:
+            return  # leadership moved on while reading
+        now = self._clock()
+        for log_offset, key, value in records:
+            self._replay(owned, log_offset, key, value, now)
+        owned.loaded = True
+        log.info(
+            "%s-%d: coordinating %d groups (loaded %d records in %.3f s)",
+            OFFSETS_TOPIC,
+            index,
+            len(owned.groups),
+            len(records),
+            time.monotonic() - started,
+        )
+
+    def _replay(
+        self, owned: OffsetsPartition, log_offset: int, key: bytes, value: bytes | None, now: int
+    ) -> None:
+        try:
+            decoded = decode_key(key)
+            if isinstance(decoded, OffsetKey):
+                group = self._group(owned, decoded.group, create=value is not None)
+                if group is not None:
+                    offset = None
+                    if value is not None:
+                        v = decode_offset_value(value)
+                        offset = CommittedOffset(
+                            v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, log_offset
+                        )
+                    group.committed(decoded.topic, decoded.partition, offset)
+            elif value is None:
+                self.groups.pop(decoded.group, None)
+                owned.groups.discard(decoded.group)
+            else:
+                group = self._group(owned, decoded.group, create=True)
+                assert group is not None
+                group.load(decode_group_value(value), now)
+        except Exception as error:  # one bad record must not hide the others
+            log.warning("%s at %d: skipping a record: %s", OFFSETS_TOPIC, log_offset, error)
+
+    def _group(self, owned: OffsetsPartition, group_id: str, *, create: bool) -> Group | None:
+        group = self.groups.get(group_id)
+        if group is None and create:
+            group = self.groups[group_id] = Group(
+                group_id, self._clock(), self.settings.limits, _new_member_id
+            )
+            owned.groups.add(group_id)
+        return group
+
+    def _unload(self, index: int) -> None:
+        owned = self.owned.pop(index)
+        for group_id in owned.groups:
+            group = self.groups.pop(group_id, None)
+            if group is not None:
+                group.mark_dead()
+                self._deliver(group)
+        if owned.groups:
+            log.info(
+                "%s-%d: no longer coordinating %d groups", OFFSETS_TOPIC, index, len(owned.groups)
+            )
+
+    # Finding a group --------------------------------------------------------------------
+
+    def partition_of(self, group_id: str) -> int:
+        return partition_for(group_id, max(self._partition_count(), 1))
+
+    def _owned(self, group_id: str) -> OffsetsPartition:
+        """The partition of a group this broker coordinates; raises with the code clients
+        act on (INVALID_GROUP_ID, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS)."""
+        if not group_id:
+            raise KafkaError(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
+        index = self.partition_of(group_id)
+        owned = self.owned.get(index)
+        if owned is None:
+            raise KafkaError(
+                ErrorCode.NOT_COORDINATOR, f"{OFFSETS_TOPIC}-{index} is not led by this broker"
+            )
+        if not owned.loaded:
+            raise KafkaError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{OFFSETS_TOPIC}-{index} is loading"
+            )
+        return owned
+
+    def lookup(self, group_id: str, *, create: bool = False) -> Group | None:
+        owned = self._owned(group_id)
+        return self._group(owned, group_id, create=create)
+
+    # Membership ---------------------------------------------------------------------------
+
+    async def join(self, group_id: str, request: JoinRequest) -> JoinReply:
+        try:
+            group = self.lookup(group_id, create=True)
+        except KafkaError as error:
+            return JoinReply(request.member_id, error.code)
+        assert group is not None
+        outcome = group.join(request, self._clock())
+        if isinstance(outcome, JoinReply):
+            self._after(group)
+            if outcome.error is not ErrorCode.NONE and _unused(group):
+                self._forget(group)  # a refused first join leaves no group behind
+            return outcome
+        future = self._wait("join", group_id, outcome)
+        self._after(group)
+        reply = await future
+        assert isinstance(reply, JoinReply)
+        return reply
+
+    async def sync(
+        self,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        generation: int,
+        protocol_type: str | None,
+        protocol: str | None,
+        assignments: dict[str, bytes],
+    ) -> SyncReply:
+        try:
+            group = self.lookup(group_id)
+        except KafkaError as error:
+            return SyncReply(member_id, error.code)
+        if group is None:
+            return SyncReply(member_id, ErrorCode.UNKNOWN_MEMBER_ID)
+        now = self._clock()
+        reply = group.sync(member_id, group_instance_id, generation, protocol_type, protocol, now)
+        if reply is not None:
+            return reply
+        future = self._wait("sync", group_id, member_id)
+        if member_id == group.leader:
+            known = {m: a for m, a in assignments.items() if m in group.members}
+            stored = await self._store_group(group, group.to_value(known))
+            group.assignment_stored(generation, known, stored, self._clock())
+            self._after(group)
+        answer = await future
+        assert isinstance(answer, SyncReply)
+        return answer
+
+    def heartbeat(
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation: int
+    ) -> ErrorCode:
+        try:
+            group = self.lookup(group_id)
+        except KafkaError as error:
+            return error.code
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        code = group.heartbeat(member_id, group_instance_id, generation, self._clock())
+        self._after(group)
+        return code
+
+    def leave(
+        self, group_id: str, leaving: list[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[LeaveResult]]:
+        try:
+            group = self.lookup(group_id)
+        except KafkaError as error:
+            return error.code, []
+        if group is None:
+            return ErrorCode.NONE, [
+                LeaveResult(m, i, ErrorCode.UNKNOWN_MEMBER_ID) for m, i in leaving
+            ]
+        results = group.leave(leaving, self._clock())
+        self._after(group)
+        return ErrorCode.NONE, results
+
+    def _wait(self, kind: str, group_id: str, member_id: str) -> asyncio.Future[Reply]:
+        key = (kind, group_id, member_id)
+        earlier = self._waiters.pop(key, None)
+        if earlier is not None and not earlier.done():
+            # The client sent the request again (it timed out waiting); the older one is moot.
+            earlier.set_result(
+                JoinReply(member_id, ErrorCode.REBALANCE_IN_PROGRESS)
+                if kind == "join"
+                else SyncReply(member_id, ErrorCode.REBALANCE_IN_PROGRESS)
+            )
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = future
+        return future
+
+    def _after(self, group: Group) -> None:
+        """Deliver the answers a call or a tick produced and store what must be durable."""
+        self._deliver(group)
+        if group.take_store():
+            self._spawn(self._store_group_logged(group))
+
+    def _deliver(self, group: Group) -> None:
+        for reply in group.take_replies():
+            kind = "join" if isinstance(reply, JoinReply) else "sync"
+            future = self._waiters.pop((kind, group.group_id, reply.member_id), None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    async def _store_group_logged(self, group: Group) -> None:
+        error = await self._store_group(group, group.to_value())
+        if error is not ErrorCode.NONE:
+            log.warning("group %s: metadata not stored: %s", group.group_id, error.name)
+
+    async def _store_group(self, group: Group, value: GroupValue) -> ErrorCode:
+        code, _ = await self._append(
+            group.group_id,
+            [(encode_group_key(GroupKey(group.group_id)), encode_group_value(value))],
+        )
+        return ErrorCode.UNKNOWN_SERVER_ERROR if code in _TOO_LARGE else code
+
+    # Offsets -------------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        generation: int,
+        commits: list[Commit],
+    ) -> list[ErrorCode]:
+        """OffsetCommit: one code per commit, in order."""
+        try:
+            owned = self._owned(group_id)
+        except KafkaError as error:
+            return [error.code] * len(commits)
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation >= 0 or member_id or group_instance_id is not None:
+                # The group is gone (expired, deleted, or moved and back): a stale member.
+                return [ErrorCode.ILLEGAL_GENERATION] * len(commits)
+            group = self._group(owned, group_id, create=True)
+            assert group is not None
+        code = group.validate_commit(member_id, group_instance_id, generation, self._clock())
+        if code is not ErrorCode.NONE:
+            return [code] * len(commits)
+        codes = [ErrorCode.NONE] * len(commits)
+        records: list[tuple[bytes, bytes | None]] = []
+        kept: list[tuple[int, Commit]] = []
+        now = self._clock()
+        for i, commit in enumerate(commits):
+            metadata = commit.metadata or ""
+            if len(metadata.encode("utf-8")) > self.settings.metadata_max_bytes:
+                codes[i] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                continue
+            key = encode_offset_key(OffsetKey(group_id, commit.topic, commit.partition))
+            value = OffsetValue(commit.offset, commit.leader_epoch, metadata, now)
+            records.append((key, encode_offset_value(value)))
+            kept.append((i, commit))
+        if not records:
+            return codes
+        code, first = await self._append(group_id, records)
+        if code in _TOO_LARGE:
+            code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        for n, (i, commit) in enumerate(kept):
+            codes[i] = code
+            if code is ErrorCode.NONE and self.groups.get(group_id) is group:
+                metadata = commit.metadata or ""
+                group.committed(
+                    commit.topic,
+                    commit.partition,
+                    CommittedOffset(commit.offset, commit.leader_epoch, metadata, now, first + n),
+                )
+        return codes
+
+    def fetch_offsets(
+        self, group_id: str, wanted: list[tuple[str, list[int]]] | None
+    ) -> dict[tuple[str, int], CommittedOffset | None]:
+        """OffsetFetch: the committed offset of each wanted partition (None: none), or of
+        every partition the group committed when `wanted` is None. Raises KafkaError when
+        this broker cannot answer for the group."""
+        group = self.lookup(group_id)
+        offsets = group.offsets if group is not None else {}
+        if wanted is None:
+            return dict(offsets)
+        return {(t, p): offsets.get((t, p)) for t, partitions in wanted for p in partitions}
+
+    async def delete_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]], subscribed: set[str]
+    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        """OffsetDelete (Kafka's rules): not for a group with members, unless it is a
+        consumer group not subscribed to the topic (GROUP_SUBSCRIBED_TO_TOPIC)."""
+        try:
+            group = self.lookup(group_id)
+        except KafkaError as error:
+            return error.code, {}
+        if group is None or group.state is GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND, {}
+        if group.members and group.protocol_type != "consumer":
+            return ErrorCode.NON_EMPTY_GROUP, {}
+        results: dict[tuple[str, int], ErrorCode] = {}
+        deleting = []
+        for tp in partitions:
+            if group.members and tp[0] in subscribed:
+                results[tp] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+            else:
+                results[tp] = ErrorCode.NONE
+                if tp in group.offsets:
+                    deleting.append(tp)
+        if deleting:
+            code = await self._tombstone_offsets(group, deleting)
+            if code is not ErrorCode.NONE:
+                return code, {}
+        return ErrorCode.NONE, results
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        """DeleteGroups for one group: only one without members (NON_EMPTY_GROUP)."""
+        try:
+            group = self.lookup(group_id)
+        except KafkaError as error:
+            return error.code
+        if group is None or group.state is GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.state is not GroupState.EMPTY:
+            return ErrorCode.NON_EMPTY_GROUP
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_offset_key(OffsetKey(group_id, t, p)), None) for t, p in group.offsets
+        ]
+        records.append((encode_group_key(GroupKey(group_id)), None))
+        code, _ = await self._append(group_id, records)
+        if code is ErrorCode.NONE and self.groups.get(group_id) is group:
+            self._forget(group)
+        return code
+
+    async def _tombstone_offsets(
+        self, group: Group, partitions: list[tuple[str, int]]
+    ) -> ErrorCode:
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_offset_key(OffsetKey(group.group_id, t, p)), None) for t, p in partitions
+        ]
+        code, _ = await self._append(group.group_id, records)
+        if code is ErrorCode.NONE:
+            for topic, partition in partitions:
+                group.committed(topic, partition, None)
+        return code
+
+    def _forget(self, group: Group) -> None:
+        group.mark_dead()
+        self._deliver(group)
+        self.groups.pop(group.group_id, None)
+        owned = self.owned.get(self.partition_of(group.group_id))
+        if owned is not None:
+            owned.groups.discard(group.group_id)
+
+    # Listing ----------------------------------------------------------------------------
+
+    def listed_groups(self) -> list[Group]:
+        """Groups of every loaded partition this broker leads."""
+        return [
+            self.groups[g]
+            for owned in self.owned.values()
+            if owned.loaded
+            for g in sorted(owned.groups)
+            if g in self.groups and self.groups[g].state is not GroupState.DEAD
+        ]
+
+    def loading(self) -> bool:
+        return any(not owned.loaded for owned in self.owned.values())
+
+    # Appending to __consumer_offsets -------------------------------------------------------
+
+    async def _append(
+        self, group_id: str, records: list[tuple[bytes, bytes | None]]
+    ) -> tuple[ErrorCode, int]:
+        """Append records to the group's partition as its leader and wait for the ISR:
+        (NONE, first offset) or the code the client gets."""
+        owned = self.owned.get(self.partition_of(group_id))
+        if owned is None:
+            return ErrorCode.NOT_COORDINATOR, -1
+        now = self._clock()
+        batch = build_batch([Record(i, now, key, value) for i, (key, value) in enumerate(records)])
+        partition = owned.partition
+        try:
+            appended = partition.append_as_leader(batch, -1)
+            await partition.wait_replicated(
+                appended.last_offset, self.settings.commit_timeout_ms / 1000
+            )
+        except Exception as error:
+            code = error_code_for(error)
+            if code is ErrorCode.UNKNOWN_SERVER_ERROR:
+                log.exception("group %s: append to %s failed", group_id, partition.tp)
+            return _STORE_ERRORS.get(
+                code, code if code in _TOO_LARGE else ErrorCode.UNKNOWN_SERVER_ERROR
+            ), -1
+        return ErrorCode.NONE, appended.first_offset
+
+    # Time ---------------------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("group coordinator tick failed")
+
+    def tick(self) -> None:
+        now = self._clock()
+        for group in list(self.groups.values()):
+            group.tick(now)
+            self._after(group)
+        if now >= self._next_expiry_check:
+            self._next_expiry_check = now + self.settings.retention_check_interval_ms
+            self._spawn(self._expire_offsets())
+
+    async def _expire_offsets(self) -> None:
+        """offsets.retention.ms (Kafka 2.1+): a group's offsets go once it has been Empty
+        that long (a group that never had members: each offset that long after its commit);
+        a group left with neither members nor offsets goes too."""
+        now = self._clock()
+        retention = self.settings.retention_ms
+        for group in list(self.groups.values()):
+            if group.state is not GroupState.EMPTY or not self._is_loaded(group):
+                continue
+            if group.protocol_type is None and group.generation == 0:
+                expired = [
+                    tp for tp, o in group.offsets.items() if o.commit_timestamp + retention <= now
+                ]
+            elif group.state_timestamp + retention <= now:
+                expired = list(group.offsets)
+            else:
+                continue
+            if expired:
+                log.info("group %s: %d committed offsets expired", group.group_id, len(expired))
+                if await self._tombstone_offsets(group, expired) is not ErrorCode.NONE:
+                    continue
+            if not group.offsets and group.state is GroupState.EMPTY and not group.members:
+                code, _ = await self._append(
+                    group.group_id, [(encode_group_key(GroupKey(group.group_id)), None)]
+                )
+                if code is ErrorCode.NONE and self.groups.get(group.group_id) is group:
+                    self._forget(group)
+
+    def _is_loaded(self, group: Group) -> bool:
+        owned = self.owned.get(self.partition_of(group.group_id))
+        return owned is not None and owned.loaded
+
+
+def _unused(group: Group) -> bool:
+    return (
+        group.state is GroupState.EMPTY
+        and group.generation == 0
+        and not group.members
+        and not group.pending_members
+        and not group.offsets
+    )
+
+
+def _new_member_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4()}"
+
+
+def _read_partition(partition: Partition) -> list[tuple[int, bytes, bytes | None]]:
+    """Every keyed record of the partition, in order: (offset, key, value)."""
+    log_ = partition.log
+    offset = log_.log_start_offset
+    end = log_.log_end_offset
+    out: list[tuple[int, bytes, bytes | None]] = []
+    while offset < end:
+        read = log_.read(offset, READ_CHUNK, upper_offset=end)
+        data = read.records.read()
+        if not data:
+            break
+        for position, header in iter_batches(data):
+            if header.is_control:
+                continue
+            for record in decode_records(data, position, header):
+                if record.key is not None:
+                    out.append((record.offset, record.key, record.value))
+        offset = max(read.next_offset, offset + 1)
+    return out
