@@ -115,6 +115,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         coordinator_settings(settings), lambda: _partition_count(image, settings)
     )
     replicas.leadership_listeners.append(coordinator.leadership_changed)
+    metrics.watch_groups(coordinator)
     producer_ids = ProducerIdAllocator(link)
     apis = KafkaApis(
         settings,

@@ -18,6 +18,7 @@ from directlog.protocol.errors import ErrorCode
 from services.broker.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
+    from services.broker.groups.coordinator import GroupCoordinator
     from services.broker.replica_manager import ReplicaManager
 
 
@@ -94,6 +95,9 @@ class BrokerMetrics:
 
     def watch_replicas(self, replicas: ReplicaManager) -> None:
         self.registry.register(_ReplicaCollector(replicas))
+
+    def watch_groups(self, coordinator: GroupCoordinator) -> None:
+        self.registry.register(_GroupCollector(coordinator))
 
     def produced(self, topic: str, records: int, size: int) -> None:
         children = self._topic_in.get(topic)
@@ -181,3 +185,27 @@ class _ReplicaCollector(Collector):
             for tp, state in list(fetcher.partitions.items()):
                 lag.add_metric([tp.topic, str(tp.partition)], state.lag)
         yield from (under, leading, isr, lag)
+
+
+class _GroupCollector(Collector):
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self._coordinator = coordinator
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        groups = GaugeMetricFamily(
+            "directlog_broker_groups",
+            "Consumer groups this broker coordinates, by state",
+            labels=["state"],
+        )
+        members = GaugeMetricFamily(
+            "directlog_broker_group_members", "Members of the groups this broker coordinates"
+        )
+        by_state: dict[str, int] = {}
+        count = 0
+        for group in self._coordinator.listed_groups():
+            by_state[group.state.value] = by_state.get(group.state.value, 0) + 1
+            count += len(group.members)
+        for state, n in sorted(by_state.items()):
+            groups.add_metric([state], n)
+        members.add_metric([], count)
+        yield from (groups, members)

@@ -1,9 +1,19 @@
-"""Record contents shared by the client tests."""
+"""Record contents shared by the client tests, and a raw Produce for tests that choose
+every header field themselves."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
+import warnings
+
+from directlog.protocol.client import KafkaConnection
+from directlog.protocol.errors import ErrorCode
+
+with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 
 def varied_keys_and_values(
@@ -31,3 +41,33 @@ def varied_keys_and_values(
 def recent_base_timestamp() -> int:
     """An hour ago: records older than retention.ms (7 days) could be deleted at once."""
     return int(time.time() * 1000) - 3_600_000
+
+
+def produce_raw(bootstrap: str, topic: str, batch: bytes) -> tuple[ErrorCode, int]:
+    """One acks=all Produce v9 of `batch` to partition 0 of `topic` at `bootstrap`, whatever
+    its metadata says: (the partition's error code, base offset)."""
+
+    async def produce() -> tuple[int, int]:
+        host, port = bootstrap.rsplit(":", 1)
+        connection = await KafkaConnection.connect(host, int(port), timeout=10)
+        try:
+            partition = ProduceRequest.TopicProduceData.PartitionProduceData
+            request = ProduceRequest(
+                version=9,
+                transactional_id=None,
+                acks=-1,
+                timeout_ms=5000,
+                topic_data=[
+                    ProduceRequest.TopicProduceData(
+                        name=topic, partition_data=[partition(index=0, records=batch)]
+                    )
+                ],
+            )
+            response = await connection.request(request, ProduceResponse, "raw-produce-test")
+            answer = response.responses[0].partition_responses[0]
+            return int(answer.error_code), int(answer.base_offset)
+        finally:
+            await connection.close()
+
+    code, base_offset = asyncio.run(produce())
+    return ErrorCode(code), base_offset

@@ -20,6 +20,7 @@ from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Record, build_batch
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
+from tests.e2e.records import produce_raw
 from tests.e2e.replicated import (
     PARTITIONS,
     Load,
@@ -32,12 +33,7 @@ from tests.e2e.test_replication import wait_for_new_leader
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.protocol.producer import (
-        InitProducerIdRequest,
-        InitProducerIdResponse,
-        ProduceRequest,
-        ProduceResponse,
-    )
+    from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
 
 
 @pytest.fixture
@@ -117,20 +113,7 @@ class RawProducer:
             producer_epoch=epoch,
             base_sequence=sequence,
         )
-        partition = ProduceRequest.TopicProduceData.PartitionProduceData
-        request = ProduceRequest(
-            version=9,
-            transactional_id=None,
-            acks=-1,
-            timeout_ms=5000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name=TOPIC, partition_data=[partition(index=0, records=batch)]
-                )
-            ],
-        )
-        answer = self.call(request, ProduceResponse).responses[0].partition_responses[0]
-        return ErrorCode(answer.error_code), int(answer.base_offset)
+        return produce_raw(f"{self.host}:{self.port}", TOPIC, batch)
 
 
 def stored_values(broker: BrokerProcess) -> list[bytes]:

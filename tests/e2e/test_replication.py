@@ -9,20 +9,18 @@ watermark. Waits are bounded; nothing asserts on durations.
 
 from __future__ import annotations
 
-import asyncio
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Record, build_batch
 from tests.e2e import netns
 from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.records import produce_raw
 from tests.e2e.replicated import (
     TIMEOUT,
     TOPIC,
@@ -156,33 +154,8 @@ def wait_for_new_leader(cluster: Cluster, old: int, partition: int = 0) -> None:
 def produce_directly(bootstrap: str, value: bytes) -> ErrorCode:
     """One acks=all Produce of `value` to partition 0 at `bootstrap`, whatever its
     metadata says; the partition's error code."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from kafka.protocol.producer import ProduceRequest, ProduceResponse
-
-    async def produce() -> int:
-        host, port = bootstrap.rsplit(":", 1)
-        connection = await KafkaConnection.connect(host, int(port), timeout=10)
-        try:
-            batch = build_batch([Record(0, int(time.time() * 1000), None, value)])
-            partition = ProduceRequest.TopicProduceData.PartitionProduceData
-            request = ProduceRequest(
-                version=9,
-                transactional_id=None,
-                acks=-1,
-                timeout_ms=3000,
-                topic_data=[
-                    ProduceRequest.TopicProduceData(
-                        name=TOPIC, partition_data=[partition(index=0, records=batch)]
-                    )
-                ],
-            )
-            response = await connection.request(request, ProduceResponse, "split-brain-test")
-            return int(response.responses[0].partition_responses[0].error_code)
-        finally:
-            await connection.close()
-
-    return ErrorCode(asyncio.run(produce()))
+    batch = build_batch([Record(0, int(time.time() * 1000), None, value)])
+    return produce_raw(bootstrap, TOPIC, batch)[0]
 
 
 def check_after_split(cluster: Cluster, load: Load) -> None:

@@ -186,22 +186,33 @@ class GroupApis:
                 answers[(commit.topic, commit.partition)] = code
         return response(
             throttle_time_ms=0,
-            topics=[
-                topic_type(
-                    name=topic.name,
-                    partitions=[
-                        partition_type(
-                            partition_index=p.partition_index,
-                            error_code=self._counted(
-                                "offset_commit", answers[(topic.name, p.partition_index)]
-                            ),
-                        )
-                        for p in topic.partitions
-                    ],
-                )
-                for topic in request.topics
-            ],
+            topics=self._per_partition(
+                "offset_commit", topic_type, partition_type, request.topics, answers.__getitem__
+            ),
         )
+
+    def _per_partition(
+        self,
+        api: str,
+        topic_type: Any,
+        partition_type: Any,
+        topics: Any,
+        code_of: Callable[[tuple[str, int]], ErrorCode],
+    ) -> list[Any]:
+        """The request's topics and partitions, each partition answered with its code."""
+        return [
+            topic_type(
+                name=t.name,
+                partitions=[
+                    partition_type(
+                        partition_index=p.partition_index,
+                        error_code=self._counted(api, code_of((t.name, p.partition_index))),
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in topics
+        ]
 
     async def offset_fetch(self, request: Any, header: RequestHeader) -> Any:
         version = header.api_version
@@ -267,22 +278,13 @@ class GroupApis:
         return response(
             error_code=self._counted("offset_delete", code),
             throttle_time_ms=0,
-            topics=[
-                topic_type(
-                    name=t.name,
-                    partitions=[
-                        partition_type(
-                            partition_index=p.partition_index,
-                            error_code=self._counted(
-                                "offset_delete",
-                                results.get((t.name, p.partition_index), ErrorCode.NONE),
-                            ),
-                        )
-                        for p in t.partitions
-                    ],
-                )
-                for t in request.topics
-            ]
+            topics=self._per_partition(
+                "offset_delete",
+                topic_type,
+                partition_type,
+                request.topics,
+                lambda tp: results.get(tp, ErrorCode.NONE),
+            )
             if code is ErrorCode.NONE
             else [],
         )
