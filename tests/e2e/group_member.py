@@ -6,14 +6,18 @@ is known) and `InProcessGroup` (confluent-kafka consumers of one group, polled i
 the test's thread), with the checks of what a group read.
 
 In a process of its own, so that a test can SIGKILL it (a crash: no LeaveGroup, no final
-commit) or SIGTERM it (a clean `close()`: LeaveGroup), a confluent-kafka member:
+commit) or SIGTERM it (a clean `close()`: LeaveGroup), a confluent-kafka or kafka-python
+member:
 
-    python -m tests.e2e.group_member --bootstrap HOST:PORT --group G --topic T \
-        [--config '{"session.timeout.ms": 6000}']
+    python -m tests.e2e.group_member --client confluent-kafka|kafka-python \
+        --bootstrap HOST:PORT --group G --topic T [--client-id ID] \
+        [--config '{"fetch.min.bytes": 1}']    (more settings, in the client's own spelling)
 
-It subscribes to the topic, consumes, commits synchronously after every batch it reads
-(the offset after the last record of each partition), and prints what happened on stdout,
-one JSON object a line, flushed at once:
+It subscribes to the topic (session timeout SESSION_MS, heartbeats every HEARTBEAT_MS, no
+auto-commit, `earliest` where the group has no offset), consumes, commits synchronously after
+every batch it reads (the offset after the last record of each partition), and prints what
+happened on stdout, one JSON object a line, flushed at once; both clients run one loop
+(`run`) behind the four calls of `MemberClient`:
 
     {"event": "ready"}                                   subscribed (the banner)
     {"event": "assigned", "partitions": [0, 3]}          its whole assignment, on each change
@@ -34,14 +38,22 @@ import signal
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from tests.e2e.conftest import Clients
 from tests.e2e.service_process import ServiceProcess
+
+with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import ConsumerRebalanceListener, KafkaConsumer
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.errors import KafkaError as KafkaPythonError
+    from kafka.structs import OffsetAndMetadata
 
 SESSION_MS = 6000  # the broker's group_min_session_timeout_ms (Kafka's default)
 HEARTBEAT_MS = 500
@@ -49,6 +61,7 @@ HEARTBEAT_MS = 500
 CONVERGE_S = SESSION_MS / 1000 + 10
 TIMEOUT = 30  # seconds, for reading what was produced
 POLL_SECONDS = 0.2  # of a member process
+BATCH = 500  # records a member process reads at most before it commits
 
 Read = tuple[int, int, str, str]  # partition, offset, key, value
 
@@ -284,25 +297,40 @@ class MemberProcess(ServiceProcess):
     name = "group-member"
 
     def __init__(
-        self, work_dir: Path, *, bootstrap: str, group: str, topic: str, config: dict[str, Any]
+        self,
+        work_dir: Path,
+        *,
+        client: str,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        client_id: str,
+        config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(work_dir, start_timeout=30.0, stop_timeout=15.0)
+        assert client in CLIENTS, client
+        self.client = client
         self.bootstrap = bootstrap
         self.group = group
         self.topic = topic
-        self.config = dict(config)
+        self.client_id = client_id
+        self.config = dict(config or {})
 
     def command(self) -> list[str]:
         return [
             sys.executable,
             "-m",
             "tests.e2e.group_member",
+            "--client",
+            self.client,
             "--bootstrap",
             self.bootstrap,
             "--group",
             self.group,
             "--topic",
             self.topic,
+            "--client-id",
+            self.client_id,
             "--config",
             json.dumps(self.config),
         ]
@@ -338,6 +366,120 @@ class MemberProcess(ServiceProcess):
         return out
 
 
+# In the member process: one client each, behind the same four calls.
+
+Fetched = tuple[int, int, bytes | None, bytes | None]  # partition, offset, key, value
+
+
+class MemberClient(Protocol):
+    def poll(self) -> list[Fetched]:
+        """Up to BATCH records, waiting up to POLL_SECONDS (longer through a rebalance)."""
+
+    def assignment(self) -> list[int]: ...
+
+    def commit(self, offsets: dict[int, int]) -> str | None:
+        """Commit synchronously; None once acknowledged, else why not."""
+
+    def close(self) -> None:
+        """Leave the group (LeaveGroup), committing nothing."""
+
+
+class ConfluentKafkaClient:
+    def __init__(
+        self, bootstrap: str, group: str, topic: str, client_id: str, config: dict[str, Any]
+    ) -> None:
+        self.topic = topic
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "client.id": client_id,
+                "session.timeout.ms": SESSION_MS,
+                "heartbeat.interval.ms": HEARTBEAT_MS,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                **config,
+            }
+        )
+        self.consumer.subscribe([topic])
+
+    def poll(self) -> list[Fetched]:
+        messages = self.consumer.consume(BATCH, POLL_SECONDS)
+        for m in messages:
+            if m.error() is not None:
+                _emit(event="error", error=str(m.error()))
+        return [(m.partition(), m.offset(), m.key(), m.value()) for m in messages if not m.error()]  # type: ignore[misc]
+
+    def assignment(self) -> list[int]:
+        return sorted(tp.partition for tp in self.consumer.assignment())
+
+    def commit(self, offsets: dict[int, int]) -> str | None:
+        wanted = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        try:
+            done = self.consumer.commit(offsets=wanted, asynchronous=False)
+        except KafkaException as error:
+            return str(error)
+        failed = [str(tp.error) for tp in done or [] if tp.error is not None]
+        return str(failed) if failed else None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaPythonClient(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Its assignment is what its rebalance listener was told (kafka-python's poll runs the
+    rebalance and calls the listener)."""
+
+    def __init__(
+        self, bootstrap: str, group: str, topic: str, client_id: str, config: dict[str, Any]
+    ) -> None:
+        self.topic = topic
+        self.assigned: set[int] = set()
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            client_id=client_id,
+            session_timeout_ms=SESSION_MS,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=BATCH,
+            **config,
+        )
+        self.consumer.subscribe([topic], listener=self)
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.assigned -= {tp.partition for tp in revoked}
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.assigned |= {tp.partition for tp in assigned}
+
+    def poll(self) -> list[Fetched]:
+        batches = self.consumer.poll(timeout_ms=int(POLL_SECONDS * 1000))
+        return [(r.partition, r.offset, r.key, r.value) for rs in batches.values() for r in rs]
+
+    def assignment(self) -> list[int]:
+        return sorted(self.assigned)
+
+    def commit(self, offsets: dict[int, int]) -> str | None:
+        try:
+            self.consumer.commit(
+                {KTopicPartition(self.topic, p): OffsetAndMetadata(o) for p, o in offsets.items()}
+            )
+        except KafkaPythonError as error:
+            return repr(error)
+        return None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+CLIENTS: dict[str, Callable[[str, str, str, str, dict[str, Any]], MemberClient]] = {
+    "confluent-kafka": ConfluentKafkaClient,
+    "kafka-python": KafkaPythonClient,
+}
+
+
 def _emit(**event: Any) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -347,7 +489,7 @@ def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
-def run(bootstrap: str, group: str, topic: str, config: dict[str, Any]) -> int:
+def run(client: str, bootstrap: str, group: str, topic: str, client_id: str, config: Any) -> int:
     stopping = False
 
     def on_sigterm(_signum: int, _frame: Any) -> None:
@@ -355,63 +497,47 @@ def run(bootstrap: str, group: str, topic: str, config: dict[str, Any]) -> int:
         stopping = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            **config,
-        }
-    )
-    consumer.subscribe([topic])
+    member = CLIENTS[client](bootstrap, group, topic, client_id, config)
     _emit(event="ready")
     assigned: list[int] | None = None
     while not stopping:
-        messages = consumer.consume(500, POLL_SECONDS)
-        now = sorted(tp.partition for tp in consumer.assignment())
+        fetched = member.poll()
+        now = member.assignment()
         if now != assigned:
             assigned = now
             _emit(event="assigned", partitions=now, at=time.time())
         last: dict[int, int] = {}
-        for message in messages:
-            if message.error() is not None:
-                _emit(event="error", error=str(message.error()))
-                continue
-            partition, offset = message.partition(), message.offset()
+        for partition, offset, key, value in fetched:
             _emit(
                 event="record",
                 partition=partition,
                 offset=offset,
-                key=_text(message.key()),
-                value=_text(message.value()),
+                key=_text(key),
+                value=_text(value),
             )
             last[partition] = offset + 1
         if last:
-            offsets = [TopicPartition(topic, p, o) for p, o in sorted(last.items())]
-            try:
-                done = consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as error:
-                _emit(event="commit_failed", error=str(error))
-                continue
-            failed = [tp for tp in done or [] if tp.error is not None]
-            if failed:
-                _emit(event="commit_failed", error=str([str(tp.error) for tp in failed]))
-            else:
+            error = member.commit(last)
+            if error is None:
                 _emit(event="committed", offsets={str(p): o for p, o in last.items()})
-    consumer.close()
+            else:
+                _emit(event="commit_failed", error=error)
+    member.close()
     _emit(event="closed")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="A consumer group member (see the module)")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="confluent-kafka")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--config", default="{}", help="more librdkafka settings, as JSON")
+    parser.add_argument("--client-id", default="group-member")
+    parser.add_argument("--config", default="{}", help="more client settings, as JSON")
     args = parser.parse_args()
-    return run(args.bootstrap, args.group, args.topic, json.loads(args.config))
+    config = json.loads(args.config)
+    return run(args.client, args.bootstrap, args.group, args.topic, args.client_id, config)
 
 
 if __name__ == "__main__":

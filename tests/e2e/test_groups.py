@@ -10,7 +10,8 @@ the session timeout plus a margin; every wait is bounded.
 
 The members of a group run in the test's thread, polled in turn (confluent-kafka), in
 threads (kafka-python, whose poll blocks through a rebalance), or as processes where one
-must be SIGKILLed; tests/e2e/group_member.py holds those members and the checks.
+must be SIGKILLed (either client); tests/e2e/group_member.py holds those members and the
+checks.
 """
 
 from __future__ import annotations
@@ -133,22 +134,27 @@ def test_three_members_split_the_partitions_and_two_take_over_from_a_leaver(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
 def test_members_in_processes_leave_and_crash(
-    broker: BrokerProcess, clients: Clients, topic_name: Callable[[str], str], tmp_path: Path
+    broker: BrokerProcess,
+    clients: Clients,
+    topic_name: Callable[[str], str],
+    tmp_path: Path,
+    client: str,
 ) -> None:
     """Three member processes split the partitions; one closes (LeaveGroup) and two share
     them; one is SIGKILLed and the last takes everything once the session times out. Each
     handover resumes exactly at the committed offsets: nothing lost, nothing read twice."""
     topic = Topic(clients, broker.bootstrap, topic_name("procs"), PARTITIONS)
     group = group_name("procs")
-    config = {"session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 1000}
     members = [
         MemberProcess(
             tmp_path / f"member-{i}",
+            client=client,
             bootstrap=broker.bootstrap,
             group=group,
             topic=topic.name,
-            config={**config, "client.id": f"member-{i}"},
+            client_id=f"member-{i}",
         )
         for i in range(3)
     ]
@@ -552,6 +558,11 @@ def test_admin_clients_list_describe_and_delete_groups(
         assert member.member_id.startswith(client_id)
         assigned = {(tp.topic, tp.partition) for tp in member.assignment.topic_partitions}
         assert assigned == {(topic.name, p) for p in split[client_id]}
+    # The metrics count it (other tests' groups share this broker: at least these).
+    stable = broker.sample("directlog_broker_groups", state="Stable")
+    assert stable is not None and stable >= 1
+    members_now = broker.sample("directlog_broker_group_members")
+    assert members_now is not None and members_now >= 2
 
     assert offsets() == committed
     # Lag: the end offset minus the committed one, by two routes to the end offsets.
