@@ -17,6 +17,8 @@ from enum import IntEnum
 from typing import Any
 
 from directlog.protocol.produce import decode_produce_request
+from directlog.protocol.rdma_access import API_KEY as RDMA_ACCESS_KEY
+from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse, decode_request
 from directlog.protocol.wire import skip_tagged_fields
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
@@ -106,6 +108,7 @@ class ApiKey(IntEnum):
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
+    RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,7 @@ APIS: dict[int, Api] = {
         ),
         Api(ApiKey.OFFSET_DELETE, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
         Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
+        Api(ApiKey.RDMA_ACCESS, RdmaAccessRequest, RdmaAccessResponse, 0, 0, decode_request),
     )
 }
 

@@ -19,6 +19,7 @@ from typing import Any
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
+from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.records.batch import (
     MAGIC,
     NO_TIMESTAMP,
@@ -42,6 +43,7 @@ from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.producer_ids import ProducerIdAllocator
+from services.broker.rdma.produce import RdmaProduce
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
 from services.broker.storage import OffsetOutOfRangeError, PartitionLog
@@ -78,6 +80,7 @@ class KafkaApis:
         self.link = link
         self.metrics = metrics
         self.producer_ids = producer_ids
+        self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -95,6 +98,7 @@ class KafkaApis:
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
+            ApiKey.RDMA_ACCESS: self.rdma_access,
             **groups.handlers(),
         }
 
@@ -148,6 +152,8 @@ class KafkaApis:
                             f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
                         )
                     partition = self.replicas.leader_partition(topic.name, data.index)
+                    if self.rdma is not None:
+                        self.rdma.check_produce(topic.name, data.index)
                     records: Buffer = data.records if data.records is not None else b""
                     if len(records) > 16 and records[16] < MAGIC:
                         if header.api_version >= 3:
@@ -188,6 +194,24 @@ class KafkaApis:
                 raise CloseConnectionError(f"acks=0 produce failed for {failed}")
             return None
         return [encode_produce_response(header.api_version, results)]
+
+    # RdmaAccess ------------------------------------------------------------------------
+
+    async def rdma_access(self, request: RdmaAccessRequest, header: RequestHeader) -> Response:
+        """Grant RDMA write access to a partition's head segment (services/broker/rdma)."""
+        if self.rdma is None:
+            answer = RdmaAccessResponse(
+                ErrorCode.INVALID_REQUEST, "RDMA produce is off on this broker (rdma_produce)"
+            )
+        else:
+            try:
+                answer = self.rdma.grant(request)
+            except Exception as error:
+                code, message = self._item_error(
+                    error, "rdma_access", f"{request.topic}-{request.partition}"
+                )
+                answer = RdmaAccessResponse(code, message)
+        return [answer.encode()]
 
     async def _wait_replicated(
         self, waiting: list[tuple[PartitionResult, Partition, int, str]], timeout: float

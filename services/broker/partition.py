@@ -147,9 +147,14 @@ class Partition:
         result = self.log.append(records, leader_epoch=self.info.leader_epoch)
         if result.duplicate:
             return result  # an idempotent producer's retry: nothing new to replicate
-        if not self.maybe_advance_high_watermark():
-            self._notify()  # followers' fetches wait for new records too
+        self.appended()
         return result
+
+    def appended(self) -> None:
+        """New records are in the leader's log (a produce, or an RDMA write committed in
+        place): move the high watermark, or wake followers' fetches that wait for them."""
+        if not self.maybe_advance_high_watermark():
+            self._notify()
 
     async def wait_replicated(self, offset: int, timeout: float) -> None:
         """Until the high watermark passes `offset` (acks=-1); raises with Kafka's code when

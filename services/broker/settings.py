@@ -5,7 +5,7 @@ command-line flags."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -53,3 +53,11 @@ class BrokerSettings(ServiceSettings):
     group_max_size: int = Field((1 << 31) - 1, ge=1)
     # Idempotent producers: state of a producer id unseen this long is dropped.
     producer_id_expiration_ms: int = Field(86400000, ge=1)
+    # RDMA produce (docs/broker.md "RDMA produce"): grants of preallocated head segments to
+    # producers that write batches with WRITE_WITH_IMM. Off by default.
+    rdma_produce: bool = False
+    rdma_provider: Literal["auto", "shm", "tcp", "pyverbs"] = "auto"
+    rdma_host: str | None = None  # where the RDMA listener binds; host if unset
+    rdma_port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
+    rdma_grant_max_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # zeroed on revocation
+    rdma_connect_timeout_ms: int = Field(10000, ge=10)  # a grant unused this long is revoked

@@ -1,0 +1,1 @@
+"""Directlog's Python clients: the RDMA producer (rdma_produce.py)."""
