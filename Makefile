@@ -71,6 +71,13 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.consensus
 	$(PY) -m bench.peer_transport
 
+# The verbs providers against memcpy, then RDMA produce over shm against our TCP path
+# (issue 7), each in one run.
+.PHONY: bench-rdma
+bench-rdma: $(BENCH_STAMP)
+	$(PY) -m bench.rdma_verbs
+	$(PY) -m bench.rdma
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
 	find directlog -name '*.so' -delete
