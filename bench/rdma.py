@@ -71,7 +71,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.broker import delete_topic, wait_for_topic
+from bench.broker import BenchError, delete_topic, produce, wait_for_topic
 from directlog.client.rdma_produce import Produced, RdmaProducer
 from directlog.records.batch import Record, build_batch
 from tests.e2e.cluster import Cluster
@@ -97,10 +97,6 @@ BATCH_BYTES = 64 * 1024
 MIN_BATCH_RECORDS = 4
 WARMUP = 50
 TIME_LIMIT = 120.0
-
-
-class BenchError(Exception):
-    """A measurement did not do what it must; its figure is not reported."""
 
 
 @dataclass(frozen=True)
@@ -194,51 +190,15 @@ def tcp_latency(bootstrap: str, topic: str, size: int, samples: int) -> list[flo
 
 def tcp_bandwidth(bootstrap: str, topic: str, size: int, count: int) -> float:
     """Seconds to produce `count` records of `size` bytes, every one acknowledged."""
-    value = os.urandom(size)
     per_batch = records_per_batch(size)
-    delivered_count, lowest, highest = 0, count, -1
-    failures: list[str] = []
-
-    def delivered(err: KafkaError | None, msg: Message) -> None:
-        nonlocal delivered_count, lowest, highest
-        offset = msg.offset()
-        if err is None and offset is not None:
-            delivered_count += 1
-            lowest, highest = min(lowest, offset), max(highest, offset)
-        else:
-            failures.append(str(err))
-
-    producer = tcp_producer(
-        bootstrap,
-        delivered,
-        **{
-            "linger.ms": 5,
-            "batch.num.messages": per_batch,
-            "batch.size": max(1_000_000, 2 * per_batch * (size + 64)),
-            "message.max.bytes": max(1_000_000, 2 * per_batch * (size + 64)),
-        },
-    )
-    wait_for_topic(producer, topic)
-    deadline = time.monotonic() + TIME_LIMIT
-    start = time.perf_counter()
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, partition=0)
-                break
-            except BufferError:  # librdkafka's queue is full: serve reports, then retry
-                producer.poll(0.005)
-        producer.poll(0)
-        if i & 1023 == 0 and time.monotonic() > deadline:
-            raise BenchError(f"produce timed out after {TIME_LIMIT:.0f} s at record {i}")
-    left = producer.flush(max(deadline - time.monotonic(), 0.1))
-    seconds = time.perf_counter() - start
-    if left or failures or delivered_count != count or (lowest, highest) != (0, count - 1):
-        raise BenchError(
-            f"{delivered_count}/{count} acknowledged at {lowest}..{highest}, {left} unsent, "
-            f"failures: {failures[:1]}"
-        )
-    return seconds
+    settings = {
+        "enable.idempotence": False,
+        "linger.ms": 5,
+        "batch.num.messages": per_batch,
+        "batch.size": max(1_000_000, 2 * per_batch * (size + 64)),
+        "message.max.bytes": max(1_000_000, 2 * per_batch * (size + 64)),
+    }
+    return produce(bootstrap, topic, [os.urandom(size)] * count, settings, TIME_LIMIT).seconds
 
 
 # --- RDMA (shm) ------------------------------------------------------------------------------
