@@ -1,21 +1,30 @@
-"""An exclusive RDMA producer for one partition (KafkaDirect §4.2.2; docs/broker.md
-"RDMA produce").
+"""An RDMA producer for one partition (KafkaDirect §4.2.2; docs/broker.md "RDMA produce").
 
 It asks the partition's leader for access over the Kafka protocol (RdmaAccess), connects
 a queue pair with the verbs API and writes whole v2 record batches into the granted part
 of the head segment with WRITE_WITH_IMM (immediate = file id << 16 | order). The broker
-commits them in order and writes a 16-byte reply per batch into this producer's reply
-region. When a batch does not fit in what is left of the grant, the producer finishes its
-writes, lets the grant go and asks for a new one (the broker rolls the segment if needed).
+commits them in order and writes a 16-byte reply per write into this producer's reply
+region.
 
-Any failure (RDMA unavailable, a refused grant, a write the provider or the broker refused)
-raises RdmaProduceError; after a failed write the producer is closed.
+Exclusive mode: the producer places its writes back to back and counts orders itself;
+when a batch does not fit in what is left, it lets the grant go and asks for a new one.
+Shared mode: each write is reserved first with FETCH_AND_ADD on the grant's word, which
+answers its order and offset; a reservation past the region's end is sent as an empty
+write (so no hole is left) and the producer asks for the next grant. A write the broker
+aborted for another writer's fault (REQUEST_TIMED_OUT) is written again on a new grant:
+the error reply comes after the replies to every write committed before it, so nothing
+is written twice.
+
+Any other failure (RDMA unavailable, a refused grant, a write the provider or the broker
+refused) raises RdmaProduceError and closes the producer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +33,7 @@ from directlog.protocol.errors import ErrorCode
 from directlog.protocol.rdma_access import (
     EXCLUSIVE,
     MAX_IN_FLIGHT,
+    SHARED,
     RdmaAccessRequest,
     RdmaAccessResponse,
     decode_response_frame,
@@ -43,11 +53,18 @@ from directlog.rdma import (
 )
 from directlog.records.errors import CorruptRecordError
 
-REPLY_SIZE = 16  # order u16, error i16, records i32, base offset i64 (docs/formats.md)
+REPLY = struct.Struct(">Hhiq")  # order, error code, records, base offset (docs/formats.md)
+REPLY_SIZE = REPLY.size
+NATIVE_WORD = struct.Struct("=Q")  # what an atomic leaves in the local buffer
 ORDERS = 1 << 16
+ORDER_ONE = 1 << 48
+OFFSET_MASK = ORDER_ONE - 1
 FILE_ID_SHIFT = 16
 SPIN_SECONDS = 0.0005  # a commit reply usually comes this soon: poll before parking a thread
 REGRANT_BACKOFF = 0.02  # while the broker notices that the previous grant was released
+MODES = {"exclusive": EXCLUSIVE, "shared": SHARED}
+RESERVE_ID = 1 << 63  # wr_id of a FETCH_AND_ADD (writes use their batch index)
+MARKER = -1  # in-flight entry of an overflowed reservation's empty write
 
 
 class RdmaProduceError(Exception):
@@ -68,9 +85,9 @@ class Produced:
 
 class RdmaProducer:
     """Writes record batches to ``topic``-``partition`` through its leader at
-    ``leader`` ("host:port"). ``window``: batches in flight at once; ``staging_bytes``:
-    the registered buffer batches are copied into before they are written (at least the
-    largest batch)."""
+    ``leader`` ("host:port"). ``mode``: "exclusive" or "shared"; ``window``: writes in
+    flight at once; ``staging_bytes``: the registered buffer batches are copied into
+    before they are written (at least the largest batch)."""
 
     def __init__(
         self,
@@ -78,6 +95,7 @@ class RdmaProducer:
         topic: str,
         partition: int,
         *,
+        mode: str = "exclusive",
         provider: str = "auto",
         window: int = 16,
         staging_bytes: int = 4 << 20,
@@ -86,9 +104,12 @@ class RdmaProducer:
     ) -> None:
         if not 1 <= window <= MAX_IN_FLIGHT:
             raise ValueError(f"window must be 1..{MAX_IN_FLIGHT}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}")
         host, _, port = leader.rpartition(":")
         self._host, self._port = host, int(port)
         self.topic, self.partition = topic, partition
+        self.mode = mode
         self._provider = provider
         self._window = window
         self._staging_bytes = staging_bytes
@@ -97,11 +118,17 @@ class RdmaProducer:
         self._context: Context | None = None
         self._staging: MemoryRegion | None = None
         self._replies: MemoryRegion | None = None
+        self._word: MemoryRegion | None = None  # where a reservation's old value lands
         self._connection: KafkaConnection | None = None
         self._qp: QueuePair | None = None
         self._grant: RdmaAccessResponse | None = None
-        self._written = 0
-        self._order = 0
+        self._written = 0  # exclusive: bytes placed in the grant so far
+        self._order = 0  # exclusive: the next write's order
+        self._in_flight: deque[int] = deque()  # batch index (or MARKER) per unanswered write
+        self._sends = 0  # send work requests whose completion is not polled yet
+        self._replied = 0  # replies read on this queue pair
+        self._reserved: int | None = None  # the old word of the last reservation
+        self._ended = False  # the current grant answered that it is over
         self._closed = False
 
     async def start(self) -> None:
@@ -110,11 +137,12 @@ class RdmaProducer:
             self._context = open_context(self._provider)
             pd = self._context.alloc_pd()
             self._pd = pd
-            self._cq = self._context.create_cq(self._window * 2)
+            self._cq = self._context.create_cq(self._window * 2 + 1)
             self._staging = pd.allocate(self._staging_bytes, Access.LOCAL_WRITE)
             self._replies = pd.allocate(
                 self._window * REPLY_SIZE, Access.LOCAL_WRITE | Access.REMOTE_WRITE
             )
+            self._word = pd.allocate(NATIVE_WORD.size, Access.LOCAL_WRITE)
         except (RdmaError, ValueError) as error:
             await self.close()
             raise RdmaProduceError(f"RDMA is unavailable here: {error}") from error
@@ -136,96 +164,158 @@ class RdmaProducer:
         committed every one; their offsets, in order."""
         if self._closed or self._staging is None:
             raise RdmaProduceError("producer is closed")
-        results: list[Produced] = []
-        staged = 0
-        pending = 0
         for batch in batches:
-            size = len(batch)
-            if not 0 < size <= self._staging_bytes:
+            if not 0 < len(batch) <= self._staging_bytes:
                 raise RdmaProduceError(
-                    f"batch of {size} bytes; staging holds {self._staging_bytes}"
+                    f"batch of {len(batch)} bytes; staging holds {self._staging_bytes}"
                 )
-            grant = self._grant
-            assert grant is not None
-            if self._written + size > grant.length:
-                results += await self._drain(pending)
-                pending, staged = 0, 0
-                await self._regrant(size)
-                grant = self._grant
-                assert grant is not None
-                if size > grant.length:
-                    await self.close()
-                    raise RdmaProduceError(f"batch of {size} bytes; the grant holds {grant.length}")
-            if pending == self._window or staged + size > self._staging_bytes:
-                results += await self._drain(pending)
-                pending, staged = 0, 0
-            self._staging.buf[staged : staged + size] = batch
-            assert self._qp is not None
-            imm = grant.file_id << FILE_ID_SHIFT | self._order
-            try:
-                self._qp.post_write_with_imm(
-                    self._order,
-                    self._staging.sge(staged, size),
-                    grant.addr + self._written,
-                    grant.rkey,
-                    imm,
-                )
-            except RdmaError as error:
-                await self.close()
-                raise RdmaProduceError(f"write not posted: {error}") from error
-            self._written += size
-            self._order = (self._order + 1) % ORDERS
-            staged += size
-            pending += 1
-        results += await self._drain(pending)
-        return results
-
-    async def _drain(self, pending: int) -> list[Produced]:
-        """Wait for ``pending`` writes' completions and the broker's replies to them."""
-        results: list[Produced] = []
-        writes = pending
+        results: list[Produced | None] = [None] * len(batches)
         deadline = time.monotonic() + self._timeout
-        while writes or len(results) < pending:
-            completions = self._cq.poll(2 * self._window, timeout=0)
-            spin_until = time.perf_counter() + SPIN_SECONDS
-            while not completions and time.perf_counter() < spin_until:
-                completions = self._cq.poll(2 * self._window, timeout=0)
-            if not completions:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    await self.close()
-                    raise RdmaProduceError("no commit reply from the broker in time")
-                completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 1.0))
-            assert self._qp is not None
-            for completion in completions:
-                if completion.qp_num != self._qp.qp_num:
-                    continue  # flushed from the queue pair of a grant we let go
-                if completion.opcode is Opcode.RECV_RDMA_WITH_IMM:
-                    results.append(await self._replied(completion))
-                else:
-                    await self._check(completion, "write")
-                    writes -= 1
-        return results
+        while (first := next((i for i, r in enumerate(results) if r is None), None)) is not None:
+            if await self._send_from(batches, first, results, deadline):
+                await self._drain(results, deadline)  # replies to what is still in flight
+                first = next((i for i, r in enumerate(results) if r is None), first)
+                await self._regrant(len(batches[first]))
+        return [result for result in results if result is not None]
 
-    async def _replied(self, completion: WorkCompletion) -> Produced:
-        await self._check(completion, "reply")
-        assert self._replies is not None and self._qp is not None
-        slot = (completion.imm_data or 0) % self._window * REPLY_SIZE
-        reply = bytes(self._replies.buf[slot : slot + REPLY_SIZE])
-        order = int.from_bytes(reply[0:2], "big")
-        code = int.from_bytes(reply[2:4], "big", signed=True)
-        records = int.from_bytes(reply[4:8], "big", signed=True)
-        base_offset = int.from_bytes(reply[8:16], "big", signed=True)
+    async def _send_from(
+        self,
+        batches: Sequence[bytes],
+        first: int,
+        results: list[Produced | None],
+        deadline: float,
+    ) -> bool:
+        """Post batches from ``first`` on, a window at a time, and collect the replies;
+        True when the grant ended and must be renewed first."""
+        staged = 0
+        for index in range(first, len(batches)):
+            size = len(batches[index])
+            if len(self._in_flight) == self._window or staged + size > self._staging_bytes:
+                await self._drain(results, deadline)
+                staged = 0
+            if self._ended:
+                return True
+            grant = self._grant
+            assert grant is not None and self._staging is not None and self._qp is not None
+            if size > grant.length:
+                await self.close()
+                raise RdmaProduceError(f"batch of {size} bytes; the grant holds {grant.length}")
+            if self.mode == "shared":
+                reserved = await self._reserve(size, results, deadline)
+                if reserved is None:
+                    return True
+                order, offset = reserved
+                if offset + size > grant.length:
+                    # An empty write in its place, so no hole is left (to the word: the
+                    # region may be deregistered already).
+                    self._post(MARKER, 0, 0, grant.word_addr, grant.word_rkey, order)
+                    return True
+            else:
+                if self._written + size > grant.length:
+                    return True
+                order, offset = self._order, self._written
+                self._order = (order + 1) % ORDERS
+                self._written += size
+            self._staging.buf[staged : staged + size] = batches[index]
+            self._post(index, staged, size, grant.addr + offset, grant.rkey, order)
+            staged += size
+        await self._drain(results, deadline)
+        return self._ended
+
+    def _post(self, index: int, staged: int, size: int, remote: int, rkey: int, order: int) -> None:
+        assert self._qp is not None and self._staging is not None and self._grant is not None
+        try:
+            self._qp.post_write_with_imm(
+                index if index >= 0 else RESERVE_ID - 1,
+                self._staging.sge(staged, size),
+                remote,
+                rkey,
+                self._grant.file_id << FILE_ID_SHIFT | order,
+            )
+        except RdmaError as error:
+            raise RdmaProduceError(f"write not posted: {error}") from error
+        self._sends += 1
+        self._in_flight.append(index)
+
+    async def _reserve(
+        self, size: int, results: list[Produced | None], deadline: float
+    ) -> tuple[int, int] | None:
+        """FETCH_AND_ADD one order and ``size`` bytes on the grant's word: the order and
+        region offset this write got (None if the grant was aborted meanwhile)."""
+        grant = self._grant
+        assert grant is not None and self._qp is not None and self._word is not None
+        self._reserved = None
+        try:
+            self._qp.post_fetch_and_add(
+                RESERVE_ID, self._word.sge(), grant.word_addr, grant.word_rkey, ORDER_ONE | size
+            )
+        except RdmaError as error:
+            raise RdmaProduceError(f"reservation not posted: {error}") from error
+        self._sends += 1
+        while (reserved := self._reservation()) is None:
+            if self._ended:
+                return None
+            await self._poll(results, deadline)
+        return reserved >> 48, reserved & OFFSET_MASK
+
+    def _reservation(self) -> int | None:
+        """The old word once the FETCH_AND_ADD completed (set by ``_handle``)."""
+        return self._reserved
+
+    async def _drain(self, results: list[Produced | None], deadline: float) -> None:
+        """Wait until every posted write was answered and every send completed."""
+        while self._in_flight or self._sends:
+            await self._poll(results, deadline)
+
+    async def _poll(self, results: list[Produced | None], deadline: float) -> None:
+        completions = self._cq.poll(2 * self._window, timeout=0)
+        spin_until = time.perf_counter() + SPIN_SECONDS
+        while not completions and time.perf_counter() < spin_until:
+            completions = self._cq.poll(2 * self._window, timeout=0)
+        if not completions:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                await self.close()
+                raise RdmaProduceError("no commit reply from the broker in time")
+            completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 1.0))
+        for completion in completions:
+            await self._handle(completion, results)
+
+    async def _handle(self, wc: WorkCompletion, results: list[Produced | None]) -> None:
+        assert self._qp is not None
+        if wc.qp_num != self._qp.qp_num:
+            return  # flushed from the queue pair of a grant we let go
+        if not wc.ok:
+            if self._ended:
+                return  # flushed after an abort: those writes go again
+            await self.close()
+            raise RdmaProduceError(f"RDMA {wc.opcode.name} failed: {wc.status.name}")
+        if wc.opcode is not Opcode.RECV_RDMA_WITH_IMM:
+            self._sends -= 1
+            if wc.opcode is Opcode.FETCH_AND_ADD:
+                assert self._word is not None
+                (self._reserved,) = NATIVE_WORD.unpack_from(self._word.buf)
+            return
+        assert self._replies is not None
+        slot = self._replied % self._window * REPLY_SIZE
+        self._replied += 1
+        order, code, records, base_offset = REPLY.unpack_from(self._replies.buf, slot)
+        index = self._in_flight.popleft() if self._in_flight else MARKER
+        if code == ErrorCode.REQUEST_TIMED_OUT:
+            # Aborted for another writer's fault: this and every later write of ours were
+            # not committed. The broker drops the queue pair: regrant, write them again.
+            self._in_flight.clear()
+            self._sends = 0
+            self._ended = True
+            return
         if code != ErrorCode.NONE:
             await self.close()
             raise RdmaProduceError(f"broker refused write {order}: error code {code}", code)
-        self._qp.post_recv(completion.wr_id)
-        return Produced(base_offset, records)
-
-    async def _check(self, completion: WorkCompletion, what: str) -> None:
-        if not completion.ok:
-            await self.close()
-            raise RdmaProduceError(f"RDMA {what} failed: {completion.status.name}")
+        self._qp.post_recv(wc.wr_id)
+        if index == MARKER:
+            self._ended = True  # the grant is sealed
+        else:
+            results[index] = Produced(base_offset, records)
 
     async def _regrant(self, min_free: int) -> None:
         """Let the current grant go (disconnect) and take the next one."""
@@ -253,7 +343,7 @@ class RdmaProducer:
             qp = self._pd.connect(
                 grant.conn_info,
                 self._cq,
-                QpCaps(max_send_wr=self._window, max_recv_wr=self._window),
+                QpCaps(max_send_wr=self._window + 1, max_recv_wr=self._window),
                 timeout=self._timeout,
             )
             for slot in range(self._window):
@@ -263,6 +353,8 @@ class RdmaProducer:
             raise RdmaProduceError(f"RDMA connect failed: {error}") from error
         self._qp, self._grant = qp, grant
         self._written, self._order = 0, 0
+        self._in_flight.clear()
+        self._sends, self._replied, self._ended = 0, 0, False
 
     async def _request_access(self, min_free: int) -> RdmaAccessResponse:
         assert self._connection is not None and self._replies is not None
@@ -270,7 +362,7 @@ class RdmaProducer:
         request = RdmaAccessRequest(
             self.topic,
             self.partition,
-            EXCLUSIVE,
+            MODES[self.mode],
             min_free,
             tuple(resolve_provider(self._provider).split("+")),
             self._replies.addr,

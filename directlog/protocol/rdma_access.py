@@ -27,7 +27,8 @@ MAX_IN_FLIGHT = 64  # writes a client may have unanswered: the receives a leader
 _I16 = struct.Struct(">h")
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 _REQUEST_FIXED = struct.Struct(">ibiQII")  # partition, mode, min_free, reply addr/rkey/length
-_RESPONSE_FIXED = struct.Struct(">HQIIqi")  # file id, addr, rkey, length, base, position
+# file id, addr, rkey, length, base, position, reservation word addr and rkey
+_RESPONSE_FIXED = struct.Struct(">HQIIqiQI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,11 @@ class RdmaAccessRequest:
 
 @dataclass(frozen=True, slots=True)
 class RdmaAccessResponse:
-    """A grant (error_code 0): where to connect and which bytes to write. The client's
-    first byte goes to ``addr``, which is file position ``position`` of the segment whose
-    base offset is ``base_offset``; ``length`` bytes are writable."""
+    """A grant (error_code 0): where to connect and which bytes to write. ``addr`` is
+    file position ``position`` of the segment whose base offset is ``base_offset``;
+    ``length`` bytes are writable. Exclusive: the client writes from ``addr`` on. Shared:
+    the client reserves each write with FETCH_AND_ADD on the 8-byte word at ``word_addr``
+    (docs/formats.md "RDMA produce, shared mode"); 0 in exclusive grants."""
 
     error_code: int
     error_message: str | None = None
@@ -83,6 +86,8 @@ class RdmaAccessResponse:
     length: int = 0
     base_offset: int = -1
     position: int = 0
+    word_addr: int = 0
+    word_rkey: int = 0
 
     def encode(self) -> bytes:
         out = bytearray(_I16.pack(self.error_code))
@@ -92,7 +97,14 @@ class RdmaAccessResponse:
             out += _string(self.error_message[:MAX_MESSAGE], MAX_MESSAGE * 4)
         out += _string(self.conn_info, MAX_CONN_INFO)
         out += _RESPONSE_FIXED.pack(
-            self.file_id, self.addr, self.rkey, self.length, self.base_offset, self.position
+            self.file_id,
+            self.addr,
+            self.rkey,
+            self.length,
+            self.base_offset,
+            self.position,
+            self.word_addr,
+            self.word_rkey,
         )
         return bytes(out)
 
@@ -118,11 +130,9 @@ def decode_response(body: Buffer) -> RdmaAccessResponse:
     (error_code,) = reader.fixed(_I16)
     message = reader.nullable_string(MAX_MESSAGE * 4)
     conn_info = reader.string(MAX_CONN_INFO)
-    file_id, addr, rkey, length, base_offset, position = reader.fixed(_RESPONSE_FIXED)
+    fixed = reader.fixed(_RESPONSE_FIXED)
     reader.end()
-    return RdmaAccessResponse(
-        error_code, message, conn_info, file_id, addr, rkey, length, base_offset, position
-    )
+    return RdmaAccessResponse(error_code, message, conn_info, *fixed)
 
 
 def request_frame(request: RdmaAccessRequest, correlation_id: int, client_id: str) -> bytes:

@@ -344,6 +344,11 @@ class PyverbsMemoryRegion(MemoryRegion):
     def registered(self) -> bool:
         return self._registered
 
+    def local_fetch_and_add(self, offset: int, add: int) -> int:
+        """A CPU atomic is not atomic with an RNIC's (ibv IBV_ATOMIC_HCA): the owner would
+        have to post the atomic to itself through a loopback queue pair, not built yet."""
+        raise ProviderUnavailableError("local atomics on pyverbs need a loopback queue pair")
+
     def deregister(self) -> None:
         if self._registered:
             self._registered = False

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from directlog.rdma import _atomics
+
 MAX_WR = 1 << 16
 """Upper bound on any queue depth (send, receive, CQ), as RNICs have."""
 
@@ -225,6 +227,14 @@ class MemoryRegion(ABC):
     def deregister(self) -> None:
         """Revoke remote access at once: no op admitted after this returns; ops admitted
         before it have finished when it returns (see docs/rdma.md for the shm bound)."""
+
+    def local_fetch_and_add(self, offset: int, add: int) -> int:
+        """FETCH_AND_ADD by the owner on its own word at ``offset``, atomic with the
+        peers' FETCH_AND_ADD and COMPARE_AND_SWAP on it; returns the old value. A CPU
+        atomic, which is what remote atomics are on shm and tcp (pyverbs overrides)."""
+        if offset % ATOMIC_SIZE or not 0 <= offset <= self.length - ATOMIC_SIZE:
+            raise InvalidWorkRequestError(f"no aligned 8-byte word at offset {offset}")
+        return int(_atomics.fetch_add(self.buf, offset, add % (1 << 64)))
 
     def sge(self, offset: int = 0, length: int | None = None) -> Sge:
         """A local buffer inside this region, for posting."""

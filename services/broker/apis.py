@@ -152,8 +152,6 @@ class KafkaApis:
                             f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
                         )
                     partition = self.replicas.leader_partition(topic.name, data.index)
-                    if self.rdma is not None:
-                        self.rdma.check_produce(topic.name, data.index)
                     records: Buffer = data.records if data.records is not None else b""
                     if len(records) > 16 and records[16] < MAGIC:
                         if header.api_version >= 3:
@@ -162,7 +160,10 @@ class KafkaApis:
                                 "produce v3 and later carry only record batches v2",
                             )
                         records = _up_convert(bytes(records))
-                    appended = partition.append_as_leader(records, acks)
+                    if self.rdma is None:
+                        appended = partition.append_as_leader(records, acks)
+                    else:
+                        appended = await self.rdma.append(partition, records, acks)
                     result.base_offset = appended.first_offset
                     result.log_append_time_ms = appended.log_append_time
                     result.log_start_offset = partition.log.log_start_offset
@@ -205,7 +206,7 @@ class KafkaApis:
             )
         else:
             try:
-                answer = self.rdma.grant(request)
+                answer = await self.rdma.grant(request)
             except Exception as error:
                 code, message = self._item_error(
                     error, "rdma_access", f"{request.topic}-{request.partition}"

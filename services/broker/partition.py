@@ -136,7 +136,8 @@ class Partition:
 
     # Producing ---------------------------------------------------------------------------
 
-    def append_as_leader(self, records: Buffer, acks: int) -> AppendResult:
+    def check_appendable(self, acks: int) -> None:
+        """Raise what a produce with ``acks`` gets when this replica may not take it now."""
         self.check_leader()
         if acks == -1 and len(self.info.isr) < self.config.min_insync_replicas:
             raise KafkaError(
@@ -144,6 +145,9 @@ class Partition:
                 f"{self.tp}: ISR {list(self.info.isr)} is smaller than min.insync.replicas "
                 f"{self.config.min_insync_replicas}",
             )
+
+    def append_as_leader(self, records: Buffer, acks: int) -> AppendResult:
+        self.check_appendable(acks)
         result = self.log.append(records, leader_epoch=self.info.leader_epoch)
         if result.duplicate:
             return result  # an idempotent producer's retry: nothing new to replicate

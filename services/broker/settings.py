@@ -61,3 +61,4 @@ class BrokerSettings(ServiceSettings):
     rdma_port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
     rdma_grant_max_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # zeroed on revocation
     rdma_connect_timeout_ms: int = Field(10000, ge=10)  # a grant unused this long is revoked
+    rdma_hole_timeout_ms: int = Field(1000, ge=1)  # writes waiting this long behind a hole

@@ -53,6 +53,8 @@ responses = st.builds(
     length=u32,
     base_offset=i64,
     position=i32,
+    word_addr=u64,
+    word_rkey=u32,
 )
 
 
@@ -96,6 +98,23 @@ def test_documented_request_bytes() -> None:
         + b"\x00\x00\x00\x07"  # reply rkey
         + b"\x00\x00\x00\x40"  # reply length
         + b"\x00\x01\x00\x03shm"  # providers
+    )
+
+
+def test_documented_response_bytes() -> None:
+    response = RdmaAccessResponse(0, None, "{}", 5, 0x2000, 9, 4096, 100, 64, 0x3000, 11)
+    assert response.encode() == (
+        b"\x00\x00"  # error code
+        + b"\xff\xff"  # error message: null
+        + b"\x00\x02{}"  # conn info
+        + b"\x00\x05"  # file id
+        + b"\x00\x00\x00\x00\x00\x00\x20\x00"  # addr
+        + b"\x00\x00\x00\x09"  # rkey
+        + b"\x00\x00\x10\x00"  # length
+        + b"\x00\x00\x00\x00\x00\x00\x00\x64"  # base offset
+        + b"\x00\x00\x00\x40"  # position
+        + b"\x00\x00\x00\x00\x00\x00\x30\x00"  # word addr
+        + b"\x00\x00\x00\x0b"  # word rkey
     )
 
 

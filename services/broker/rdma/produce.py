@@ -1,16 +1,26 @@
-"""RDMA produce, exclusive mode (KafkaDirect §4.2.2): a client granted a partition's head
-segment writes record batches straight into it with WRITE_WITH_IMM; the broker commits
-them strictly in order through the log's reserve/commit path and writes a reply back.
+"""RDMA produce (KafkaDirect §4.2.2): clients granted a partition's head segment write
+record batches straight into it with WRITE_WITH_IMM; the broker commits them strictly in
+order through the log's reserve/commit path and writes a reply back to each writer.
+
+Exclusive mode: one writer, which places its writes back to back itself. Shared mode: any
+number of writers, and the Kafka-protocol produces to the partition, reserve each write
+with FETCH_AND_ADD on the grant's 64-bit word (order in the top 16 bits, region offset in
+the low 48); the order each reservation got is the order its write commits in. A
+reservation that runs past the region's end is an overflow: its writer sends an empty
+write in its place (a marker), and committing a marker seals the grant, since every later
+reservation overflowed too. A reservation whose write never comes is a hole: when later
+writes wait behind one for ``rdma_hole_timeout_ms`` the grant is revoked.
 
 Threads: one thread accepts queue pairs, one polls the completion queue; both hand what
 they get to the event loop (call_soon_threadsafe), which owns every grant and is the only
 thread that posts. The poller waits for the loop to take a batch before it polls more, so
 at most ``HANDOFF_BATCHES`` batches are ever queued on the loop.
 
-A grant is revoked, its memory region deregistered (later writes fail at the provider) and
-its uncommitted bytes zeroed, when: its queue pair fails or disconnects, an immediate names
-another file or an order out of sequence, a write overruns the grant, a batch fails
-validation, the partition's leadership moves, or no queue pair uses it in time.
+A grant is revoked (its memory deregistered so later writes fail at the provider, its
+uncommitted bytes zeroed, its writers told) when: an exclusive writer's queue pair fails
+or disconnects, an immediate names another file or an order out of range, a write
+overruns the region, a batch fails validation, a hole times out, the partition's
+leadership moves, or no queue pair uses an exclusive grant in time.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.rdma_access import (
     EXCLUSIVE,
     MAX_IN_FLIGHT,
+    SHARED,
     RdmaAccessRequest,
     RdmaAccessResponse,
 )
@@ -39,12 +50,14 @@ from directlog.rdma import (
     WorkCompletion,
     open_context,
 )
+from directlog.records.varint import Buffer
 from directlog.topics import TopicPartition
 from services.broker.error_codes import error_code_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
+from services.broker.storage import AppendResult
 from services.broker.storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
@@ -59,29 +72,67 @@ POLL_BATCH = 64
 THREAD_WAKE_SECONDS = 0.2  # how often the threads look at the stop flag
 FILE_IDS = 1 << 16
 ORDERS = 1 << 16
+ORDER_ONE = 1 << 48  # one order in the reservation word
+OFFSET_MASK = ORDER_ONE - 1
+MAX_AHEAD = MAX_CONNECTIONS * MAX_IN_FLIGHT  # orders a shared grant buffers past a hole
+ABORTED = ErrorCode.REQUEST_TIMED_OUT  # what writers hear when others' faults end a grant
 
 
 @dataclass(eq=False, slots=True)
 class Grant:
-    """Exclusive write access to ``region``: file position ``start`` onwards of ``segment``."""
+    """Write access to ``region``, file position ``start`` onwards of ``segment``; in
+    shared mode reserved through ``word``. Open until sealed or revoked."""
 
-    file_id: int
     partition: Partition
     segment: LogSegment
     start: int
     region: MemoryRegion
+    word: MemoryRegion | None  # shared mode's reservation word
+    closed: asyncio.Future[None]
+    writers: list[Writer] = field(default_factory=list)
+    written: int = 0  # bytes committed so far
+    next_order: int = 0
+    pending: dict[int, Arrival] = field(default_factory=dict)  # waiting behind a hole
+    hole_timer: asyncio.TimerHandle | None = None
+    hole_order: int = -1
+
+    @property
+    def open(self) -> bool:
+        return not self.closed.done()
+
+    @property
+    def shared(self) -> bool:
+        return self.word is not None
+
+
+@dataclass(eq=False, slots=True)
+class Writer:
+    """One client's handle on a grant: its file id, its reply region and, once it wrote,
+    its queue pair. Replies go to slot ``replies_sent mod slots``."""
+
+    file_id: int
+    grant: Grant
     replies: MemoryRegion  # the broker's send buffer, one slot per reply
     reply_addr: int
     reply_rkey: int
-    written: int = 0  # bytes committed so far
-    next_order: int = 0
     qp: QueuePair | None = None
-    revoked: bool = False
-    timer: asyncio.TimerHandle | None = field(default=None)
+    replies_sent: int = 0
+    failed: bool = False  # told an error: dropped when that reply completes
+    timer: asyncio.TimerHandle | None = None
 
     @property
     def slots(self) -> int:
         return self.replies.length // REPLY.size
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A write (``writer``) or a Kafka-protocol produce (``result``) waiting for its turn;
+    ``length`` 0 is an overflow marker."""
+
+    length: int
+    writer: Writer | None
+    result: asyncio.Future[AppendResult | None] | None = None
 
 
 class RdmaProduce:
@@ -105,12 +156,13 @@ class RdmaProduce:
             port=settings.rdma_port,
             advertised_host=settings.advertised_host or host,
         )
-        self._grants: dict[TopicPartition, Grant] = {}
-        self._by_file: dict[int, Grant] = {}
+        self._grants: dict[TopicPartition, Grant] = {}  # open grants
+        self._writers: dict[int, Writer] = {}  # by file id
         self._qps: dict[int, QueuePair] = {}
-        self._bound: dict[int, Grant] = {}  # qp_num -> the grant its first write named
+        self._bound: dict[int, Writer] = {}  # qp_num -> the writer its first write named
         self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
         self._next_file_id = 1
+        self._tasks: set[asyncio.Task[None]] = set()  # seals started when writers left
         self._stop = threading.Event()
         self._handoff = threading.Semaphore(HANDOFF_BATCHES)
         self._threads = [
@@ -125,12 +177,17 @@ class RdmaProduce:
     def connect_timeout(self) -> float:
         return self.settings.rdma_connect_timeout_ms / 1000
 
+    @property
+    def hole_timeout(self) -> float:
+        return self.settings.rdma_hole_timeout_ms / 1000
+
     # Granting ------------------------------------------------------------------------
 
-    def grant(self, request: RdmaAccessRequest) -> RdmaAccessResponse:
-        """Register the unwritten part of the partition's head segment for ``request``'s
-        client; raises KafkaError with the code the client gets."""
-        if request.mode != EXCLUSIVE:
+    async def grant(self, request: RdmaAccessRequest) -> RdmaAccessResponse:
+        """Give ``request``'s client write access to the partition's head segment: a new
+        grant, or a place among a shared grant's writers; raises KafkaError with the code
+        the client gets."""
+        if request.mode not in (EXCLUSIVE, SHARED):
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"RDMA produce mode {request.mode}")
         offered = self._listener.conn_info.providers
         if not set(request.providers) & set(offered):
@@ -145,13 +202,42 @@ class RdmaProduce:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST, f"reply region of {request.reply_length} bytes"
             )
-        partition = self.replicas.leader_partition(request.topic, request.partition)
-        partition.check_leader()
-        if partition.tp in self._grants:
-            raise KafkaError(
-                ErrorCode.POLICY_VIOLATION, f"{partition.tp} is held by an exclusive RDMA writer"
-            )
-        if len(self._by_file) >= FILE_IDS - 1:
+        while True:
+            partition = self.replicas.leader_partition(request.topic, request.partition)
+            partition.check_leader()
+            held = self._grants.get(partition.tp)
+            if held is None:
+                grant = self._new_grant(partition, request)
+                break
+            if not held.shared or request.mode != SHARED:
+                kind = "a shared" if held.shared else "an exclusive"
+                raise KafkaError(
+                    ErrorCode.POLICY_VIOLATION, f"{partition.tp} is held by {kind} RDMA grant"
+                )
+            assert held.word is not None
+            reserved = held.word.local_fetch_and_add(0, 0) & OFFSET_MASK
+            if reserved + request.min_free <= held.region.length:
+                grant = held
+                break
+            await self._seal(held)  # full: close it and start the next segment
+        writer = self._add_writer(grant, request)
+        segment = grant.segment
+        return RdmaAccessResponse(
+            ErrorCode.NONE,
+            None,
+            self._listener.conn_info.encode(),
+            writer.file_id,
+            grant.region.addr,
+            grant.region.rkey,
+            grant.region.length,
+            segment.base_offset,
+            grant.start,
+            grant.word.addr if grant.word is not None else 0,
+            grant.word.rkey if grant.word is not None else 0,
+        )
+
+    def _new_grant(self, partition: Partition, request: RdmaAccessRequest) -> Grant:
+        if len(self._writers) >= FILE_IDS - 1:
             raise KafkaError(ErrorCode.INVALID_REQUEST, "no free RDMA file id")
         plog = partition.log
         if not plog.config.preallocate:
@@ -176,65 +262,81 @@ class RdmaProduce:
         region = self._pd.register_file(
             head.log.path, length, Access.LOCAL_WRITE | Access.REMOTE_WRITE, offset=start
         )
-        try:
-            replies = self._pd.allocate(request.reply_length, Access.LOCAL_WRITE)
-        except BaseException:
-            region.deregister()
-            raise
-        grant = Grant(
-            self._take_file_id(),
-            partition,
-            head,
-            start,
-            region,
-            replies,
-            request.reply_addr,
-            request.reply_rkey,
-        )
-        grant.timer = self._loop.call_later(
-            self.connect_timeout, self._revoke, grant, "no queue pair used it in time", None
-        )
+        word = None
+        if request.mode == SHARED:
+            try:
+                # REMOTE_WRITE for the empty writes that mark overflowed reservations.
+                word = self._pd.allocate(
+                    8, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC
+                )
+            except BaseException:
+                region.deregister()
+                raise
+        grant = Grant(partition, head, start, region, word, self._loop.create_future())
         self._grants[partition.tp] = grant
-        self._by_file[grant.file_id] = grant
         log.info(
-            "%s: RDMA grant %d: %d bytes at position %d of segment %d",
+            "%s: %s RDMA grant: %d bytes at position %d of segment %d",
             partition.tp,
-            grant.file_id,
+            "shared" if word is not None else "exclusive",
             length,
             start,
             head.base_offset,
         )
-        return RdmaAccessResponse(
-            ErrorCode.NONE,
-            None,
-            self._listener.conn_info.encode(),
-            grant.file_id,
-            region.addr,
-            region.rkey,
-            region.length,
-            head.base_offset,
-            start,
-        )
+        return grant
 
-    def check_produce(self, topic: str, partition: int) -> None:
-        """Kafka-protocol produces may not write a partition an RDMA writer holds."""
-        if TopicPartition(topic, partition) in self._grants:
-            raise KafkaError(
-                ErrorCode.POLICY_VIOLATION,
-                f"{topic}-{partition} is held by an exclusive RDMA writer",
-            )
+    def _add_writer(self, grant: Grant, request: RdmaAccessRequest) -> Writer:
+        if len(self._writers) >= FILE_IDS - 1:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, "no free RDMA file id")
+        replies = self._pd.allocate(request.reply_length, Access.LOCAL_WRITE)
+        writer = Writer(
+            self._take_file_id(), grant, replies, request.reply_addr, request.reply_rkey
+        )
+        writer.timer = self._loop.call_later(self.connect_timeout, self._writer_unused, writer)
+        grant.writers.append(writer)
+        self._writers[writer.file_id] = writer
+        return writer
+
+    def _take_file_id(self) -> int:
+        while self._next_file_id in self._writers or self._next_file_id == 0:
+            self._next_file_id = (self._next_file_id + 1) % FILE_IDS
+        file_id = self._next_file_id
+        self._next_file_id = (file_id + 1) % FILE_IDS
+        return file_id
 
     def leadership_changed(self, partition: Partition) -> None:
         grant = self._grants.get(partition.tp)
         if grant is not None and (not partition.is_leader or grant.partition is not partition):
             self._revoke(grant, "leadership moved", ErrorCode.NOT_LEADER_OR_FOLLOWER)
 
-    def _take_file_id(self) -> int:
-        while self._next_file_id in self._by_file or self._next_file_id == 0:
-            self._next_file_id = (self._next_file_id + 1) % FILE_IDS
-        file_id = self._next_file_id
-        self._next_file_id = (file_id + 1) % FILE_IDS
-        return file_id
+    # Kafka-protocol produces -------------------------------------------------------------
+
+    async def append(self, partition: Partition, records: Buffer, acks: int) -> AppendResult:
+        """A Kafka-protocol produce: through the reservation word while a shared grant is
+        open, refused while an exclusive one is, an ordinary append otherwise."""
+        while (grant := self._grants.get(partition.tp)) is not None:
+            if grant.word is None:
+                raise KafkaError(
+                    ErrorCode.POLICY_VIOLATION,
+                    f"{partition.tp} is held by an exclusive RDMA writer",
+                )
+            partition.check_appendable(acks)
+            duplicate = partition.log.find_duplicate(records)  # validates, too
+            if duplicate is not None:
+                return duplicate
+            size = len(records)
+            reserved = grant.word.local_fetch_and_add(0, ORDER_ONE | size)
+            order, offset = reserved >> 48, reserved & OFFSET_MASK
+            result: asyncio.Future[AppendResult | None] = self._loop.create_future()
+            if offset + size > grant.region.length:
+                self._arrive(grant, order, Arrival(0, None, result))  # seals the grant
+            else:
+                grant.region.buf[offset : offset + size] = records
+                self._arrive(grant, order, Arrival(size, None, result))
+            appended = await result
+            if appended is not None:
+                return appended
+            # The grant ended before this produce committed: its bytes are gone; go again.
+        return partition.append_as_leader(records, acks)
 
     # Threads -------------------------------------------------------------------------
 
@@ -292,9 +394,9 @@ class RdmaProduce:
         qp = self._qps.get(wc.qp_num)
         if qp is None:
             return  # a queue pair already dropped: its flushed requests
-        grant = self._bound.get(wc.qp_num)
+        writer = self._bound.get(wc.qp_num)
         if wc.opcode is not Opcode.RECV_RDMA_WITH_IMM:  # one of our replies
-            if not wc.ok or grant is None or grant.revoked:
+            if not wc.ok or writer is None or writer.failed:
                 self._drop_qp(wc.qp_num, f"reply completed with {wc.status.name}")
             return
         if not wc.ok:
@@ -302,40 +404,88 @@ class RdmaProduce:
             return
         imm = wc.imm_data or 0
         file_id, order = imm >> 16, imm & (ORDERS - 1)
-        if grant is None:
-            grant = self._by_file.get(file_id)
-            if grant is None or grant.qp is not None:
+        if writer is None:
+            writer = self._writers.get(file_id)
+            if writer is None or writer.qp is not None:
                 self._drop_qp(wc.qp_num, f"write names file {file_id}, not granted to it")
                 return
-            self._bind(grant, qp)
-        if grant.revoked:
-            return
-        if file_id != grant.file_id or order != grant.next_order:
-            self._revoke(
-                grant,
-                f"immediate file {file_id} order {order}, expected file {grant.file_id} "
-                f"order {grant.next_order}",
-                ErrorCode.INVALID_REQUEST,
-            )
+            self._bind(writer, qp)
+        if writer.failed:
             return
         try:
             qp.post_recv(wc.wr_id)
-            self._commit(grant, order, wc.byte_len)
-        except Exception as error:
-            self._revoke(grant, str(error), error_code_for(error))
+        except RdmaError as error:
+            self._drop_qp(wc.qp_num, f"receive not reposted: {error}")
+            return
+        grant = writer.grant
+        if file_id != writer.file_id:
+            self._revoke(
+                grant,
+                f"immediate names file {file_id}, the writer holds {writer.file_id}",
+                ABORTED,
+                writer,
+                ErrorCode.INVALID_REQUEST,
+            )
+        elif grant.open:
+            self._arrive(grant, order, Arrival(wc.byte_len, writer))
+        elif wc.byte_len == 0:
+            self._reply(writer, order, ErrorCode.NONE, 0, -1)  # overflowed a sealed grant
+        else:
+            self._fail_writer(writer, ErrorCode.INVALID_REQUEST, "a write after the grant ended")
 
-    def _bind(self, grant: Grant, qp: QueuePair) -> None:
-        grant.qp = qp
-        self._bound[qp.qp_num] = grant
+    def _bind(self, writer: Writer, qp: QueuePair) -> None:
+        writer.qp = qp
+        self._bound[qp.qp_num] = writer
         timer = self._unbound_timers.pop(qp.qp_num, None)
         if timer is not None:
             timer.cancel()
-        if grant.timer is not None:
-            grant.timer.cancel()
-            grant.timer = None
+        if writer.timer is not None:
+            writer.timer.cancel()
+            writer.timer = None
 
-    def _commit(self, grant: Grant, order: int, length: int) -> None:
-        """Commit the ``length`` bytes the client wrote right after what is committed."""
+    # Committing in order ---------------------------------------------------------------
+
+    def _arrive(self, grant: Grant, order: int, arrival: Arrival) -> None:
+        """Queue ``arrival`` as reservation ``order`` and commit whatever is now next."""
+        ahead = (order - grant.next_order) % ORDERS
+        if (not grant.shared and ahead) or ahead >= MAX_AHEAD or order in grant.pending:
+            self._revoke(
+                grant,
+                f"order {order} where {grant.next_order} is next",
+                ABORTED,
+                arrival.writer,
+                ErrorCode.INVALID_REQUEST,
+            )
+            return
+        grant.pending[order] = arrival
+        while grant.open and (next_arrival := grant.pending.pop(grant.next_order, None)):
+            current = grant.next_order
+            grant.next_order = (current + 1) % ORDERS
+            self._process(grant, current, next_arrival)
+        if grant.open:
+            self._watch_for_holes(grant)
+
+    def _process(self, grant: Grant, order: int, arrival: Arrival) -> None:
+        if arrival.length == 0:
+            if not grant.shared:
+                self._revoke(
+                    grant, "an empty write", ABORTED, arrival.writer, ErrorCode.INVALID_REQUEST
+                )
+                return
+            self._answer(arrival, order, None)
+            self._close(grant, "sealed: a reservation overflowed the region")
+            return
+        try:
+            result = self._commit(grant, arrival.length)
+        except Exception as error:
+            if arrival.result is not None and not arrival.result.done():
+                arrival.result.set_exception(error)  # the produce's own bytes were bad
+            self._revoke(grant, str(error), ABORTED, arrival.writer, error_code_for(error))
+            return
+        self._answer(arrival, order, result)
+
+    def _commit(self, grant: Grant, length: int) -> AppendResult:
+        """Commit the ``length`` bytes written right after what is committed."""
         partition = grant.partition
         partition.check_leader()
         plog = partition.log
@@ -352,53 +502,146 @@ class RdmaProduce:
         if result.duplicate:
             raise KafkaError(ErrorCode.DUPLICATE_SEQUENCE_NUMBER, "a batch already written")
         grant.written += length
-        grant.next_order = (order + 1) % ORDERS
         partition.appended()
-        self.metrics.produced(partition.tp.topic, result.records, result.size)
-        self._reply(grant, order, ErrorCode.NONE, result.records, result.first_offset)
+        return result
 
-    def _reply(self, grant: Grant, order: int, code: int, records: int, base_offset: int) -> None:
-        """Write the reply into the client's slot ``order % slots`` (WRITE_WITH_IMM, the
-        immediate is the order)."""
-        assert grant.qp is not None
-        slot = order % grant.slots * REPLY.size
-        REPLY.pack_into(grant.replies.buf, slot, order, code, records, base_offset)
-        grant.qp.post_write_with_imm(
-            order,
-            grant.replies.sge(slot, REPLY.size),
-            grant.reply_addr + slot,
-            grant.reply_rkey,
-            order,
+    def _answer(self, arrival: Arrival, order: int, result: AppendResult | None) -> None:
+        if arrival.writer is not None:
+            if result is None:
+                self._reply(arrival.writer, order, ErrorCode.NONE, 0, -1)
+            else:
+                topic = arrival.writer.grant.partition.tp.topic
+                self.metrics.produced(topic, result.records, result.size)
+                self._reply(
+                    arrival.writer, order, ErrorCode.NONE, result.records, result.first_offset
+                )
+        elif arrival.result is not None and not arrival.result.done():
+            arrival.result.set_result(result)
+
+    def _watch_for_holes(self, grant: Grant) -> None:
+        """Arm the hole timer while writes wait behind the next order; re-arm it when
+        that order moved."""
+        if not grant.pending:
+            if grant.hole_timer is not None:
+                grant.hole_timer.cancel()
+                grant.hole_timer = None
+            return
+        if grant.hole_timer is not None and grant.hole_order == grant.next_order:
+            return
+        if grant.hole_timer is not None:
+            grant.hole_timer.cancel()
+        grant.hole_order = grant.next_order
+        grant.hole_timer = self._loop.call_later(
+            self.hole_timeout,
+            self._revoke,
+            grant,
+            f"hole: order {grant.next_order} not written in time",
+            ABORTED,
         )
 
-    def _revoke(self, grant: Grant, reason: str, code: int | None) -> None:
-        """End ``grant``: no write lands after this, uncommitted bytes are zeroed, and the
-        client is told ``code`` (if given and it is connected)."""
-        if grant.revoked:
+    async def _seal(self, grant: Grant) -> None:
+        """Close a shared grant from the broker's side: reserve past its end (a marker of
+        our own) and wait until the reservations before it committed or timed out."""
+        if grant.open:
+            assert grant.word is not None
+            reserved = grant.word.local_fetch_and_add(0, ORDER_ONE | grant.region.length + 1)
+            self._arrive(grant, reserved >> 48, Arrival(0, None))
+        try:
+            await asyncio.wait_for(asyncio.shield(grant.closed), 2 * self.hole_timeout + 1)
+        except TimeoutError:
+            self._revoke(grant, "not sealed in time", ABORTED)
+
+    # Replies ---------------------------------------------------------------------------
+
+    def _reply(self, writer: Writer, order: int, code: int, records: int, base: int) -> None:
+        """Write a reply into the writer's next slot (WRITE_WITH_IMM, immediate = order)."""
+        qp = writer.qp
+        assert qp is not None
+        slot = writer.replies_sent % writer.slots * REPLY.size
+        writer.replies_sent += 1
+        REPLY.pack_into(writer.replies.buf, slot, order, code, records, base)
+        try:
+            qp.post_write_with_imm(
+                order,
+                writer.replies.sge(slot, REPLY.size),
+                writer.reply_addr + slot,
+                writer.reply_rkey,
+                order,
+            )
+        except RdmaError as error:
+            self._drop_qp(qp.qp_num, f"reply not posted: {error}")
+
+    def _fail_writer(self, writer: Writer, code: int, reason: str) -> None:
+        """Tell a writer ``code`` and drop its queue pair once that reply completed."""
+        if writer.failed:
             return
-        grant.revoked = True
-        if grant.timer is not None:
-            grant.timer.cancel()
-        self._grants.pop(grant.partition.tp, None)
-        self._by_file.pop(grant.file_id, None)
+        log.info("RDMA writer %d: %s", writer.file_id, reason)
+        writer.failed = True
+        if writer.qp is None:
+            self._writer_gone(writer)
+        else:
+            self._reply(writer, writer.grant.next_order, code, 0, -1)
+
+    # Ending grants ---------------------------------------------------------------------
+
+    def _revoke(
+        self,
+        grant: Grant,
+        reason: str,
+        code: int | None,
+        culprit: Writer | None = None,
+        culprit_code: int | None = None,
+    ) -> None:
+        """End ``grant`` for a fault: its writers hear ``code`` (``culprit``, whose write
+        caused it, hears ``culprit_code``) and stop; produces waiting in it go again."""
+        if not grant.open:
+            return
+        self._close(grant, f"revoked: {reason}", warn=True)
+        for writer in list(grant.writers):
+            told = culprit_code if writer is culprit else code
+            if told is None or told == ErrorCode.NONE:
+                if writer.qp is not None:
+                    self._drop_qp(writer.qp.qp_num, reason)
+                else:
+                    self._writer_gone(writer)
+            else:
+                self._fail_writer(writer, told, reason)
+
+    def _close(self, grant: Grant, why: str, warn: bool = False) -> None:
+        """No write lands in ``grant`` after this: deregister it, zero what was not
+        committed, and let produces waiting in it go again (a sealed grant's writers stay
+        connected to hear about their overflowed reservations)."""
+        grant.closed.set_result(None)
+        if self._grants.get(grant.partition.tp) is grant:
+            del self._grants[grant.partition.tp]
+        if grant.hole_timer is not None:
+            grant.hole_timer.cancel()
         grant.region.deregister()
+        if grant.word is not None:
+            # Every later reservation overflows; the word stays reachable until the last
+            # writer left, so theirs complete and they can mark them.
+            grant.word.local_fetch_and_add(0, grant.region.length + 1)
+            if not grant.writers:
+                grant.word.deregister()
         self._zero_uncommitted(grant)
-        log.warning("%s: RDMA grant %d revoked: %s", grant.partition.tp, grant.file_id, reason)
-        qp = grant.qp
-        if qp is None:
-            grant.replies.deregister()
-            return
-        if code is not None and code != ErrorCode.NONE:
-            try:
-                self._reply(grant, grant.next_order, code, 0, -1)
-                return  # the queue pair is dropped when the reply completes
-            except RdmaError as error:
-                log.info("RDMA grant %d: error reply not sent: %s", grant.file_id, error)
-        self._drop_qp(qp.qp_num, reason)
+        pending, grant.pending = grant.pending, {}
+        for order, arrival in pending.items():
+            if arrival.writer is None or (arrival.length == 0 and not warn):
+                self._answer(arrival, order, None)  # produces go again; overflows are fine
+            elif not warn:
+                self._fail_writer(arrival.writer, ErrorCode.INVALID_REQUEST, "wrote past a seal")
+        (log.warning if warn else log.info)(
+            "%s: RDMA grant at position %d of segment %d %s (%d bytes committed)",
+            grant.partition.tp,
+            grant.start,
+            grant.segment.base_offset,
+            why,
+            grant.written,
+        )
 
     def _zero_uncommitted(self, grant: Grant) -> None:
-        """Zero what the client may have written beyond the committed end, so neither a
-        reader nor recovery ever finds a batch there (as an aborted reservation does)."""
+        """Zero what writers may have put beyond the committed end, so neither a reader
+        nor recovery ever finds a batch there (as an aborted reservation does)."""
         segment = grant.segment
         position = grant.start + grant.written
         end = grant.start + grant.region.length
@@ -410,15 +653,43 @@ class RdmaProduce:
         finally:
             view.release()
 
+    def _writer_unused(self, writer: Writer) -> None:
+        writer.timer = None
+        if writer.qp is None:
+            self._writer_gone(writer, "no queue pair used it in time")
+
+    def _writer_gone(self, writer: Writer, reason: str = "") -> None:
+        """Forget a writer; an exclusive grant ends with it, a shared one is sealed once
+        its last writer left (a dead writer's reservation is then a hole)."""
+        if self._writers.get(writer.file_id) is not writer:
+            return
+        del self._writers[writer.file_id]
+        if writer.timer is not None:
+            writer.timer.cancel()
+        writer.replies.deregister()
+        grant = writer.grant
+        grant.writers.remove(writer)
+        if not grant.open:
+            if not grant.writers and grant.word is not None:
+                grant.word.deregister()
+            return
+        if not reason:
+            return
+        if not grant.shared:
+            self._revoke(grant, reason, None)
+        elif not grant.writers:
+            task = self._loop.create_task(self._seal(grant))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     def _drop_qp(self, qp_num: int, reason: str) -> None:
         qp = self._qps.pop(qp_num, None)
         timer = self._unbound_timers.pop(qp_num, None)
         if timer is not None:
             timer.cancel()
-        grant = self._bound.pop(qp_num, None)
-        if grant is not None:
-            self._revoke(grant, reason, None)
-            grant.replies.deregister()
+        writer = self._bound.pop(qp_num, None)
+        if writer is not None:
+            self._writer_gone(writer, reason)
         if qp is not None:
             qp.close()
 
@@ -428,6 +699,10 @@ class RdmaProduce:
             self._revoke(grant, "broker stopping", None)
         for qp_num in list(self._qps):
             self._drop_qp(qp_num, "broker stopping")
+        for writer in list(self._writers.values()):
+            self._writer_gone(writer)
+        for task in list(self._tasks):
+            task.cancel()
         self._stop.set()
         for thread in self._threads:
             await asyncio.to_thread(thread.join)

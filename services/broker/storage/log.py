@@ -324,6 +324,17 @@ class PartitionLog:
                 self.producers.update_replicated(buf, plan)
             return self._appended(plan)
 
+    def find_duplicate(self, buf: Buffer) -> AppendResult | None:
+        """What `append` would answer if `buf` repeats an idempotent producer's batches
+        already written, else None; writes nothing, but raises as `append` would on
+        invalid batches (a produce reserving space elsewhere checks first)."""
+        with self._lock:
+            plan = self._plan(buf, -1, True, self._clock())
+            producers = self.producers.check_append(buf, plan)
+            if producers is not None and producers.duplicate is not None:
+                return _duplicate(producers.duplicate, self.config)
+            return None
+
     def reserve(self, size: int) -> Reservation:
         """Hand out the next `size` bytes of the preallocated head segment for a producer to
         fill with batches; commit or abort reservations in the order they were made."""
