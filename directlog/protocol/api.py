@@ -19,6 +19,9 @@ from typing import Any
 from directlog.protocol.produce import decode_produce_request
 from directlog.protocol.rdma_access import API_KEY as RDMA_ACCESS_KEY
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse, decode_request
+from directlog.protocol.rdma_consume import API_KEY as RDMA_CONSUME_KEY
+from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
+from directlog.protocol.rdma_consume import decode_request as decode_consume_request
 from directlog.protocol.wire import skip_tagged_fields
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
@@ -109,6 +112,7 @@ class ApiKey(IntEnum):
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
+    RDMA_CONSUME = RDMA_CONSUME_KEY  # Directlog's own (docs/formats.md "RDMA consume")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,14 @@ APIS: dict[int, Api] = {
         Api(ApiKey.OFFSET_DELETE, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
         Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
         Api(ApiKey.RDMA_ACCESS, RdmaAccessRequest, RdmaAccessResponse, 0, 0, decode_request),
+        Api(
+            ApiKey.RDMA_CONSUME,
+            RdmaConsumeRequest,
+            RdmaConsumeResponse,
+            0,
+            0,
+            decode_consume_request,
+        ),
     )
 }
 

@@ -20,6 +20,7 @@ from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
+from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
 from directlog.records.batch import (
     MAGIC,
     NO_TIMESTAMP,
@@ -43,6 +44,7 @@ from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.producer_ids import ProducerIdAllocator
+from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
@@ -81,6 +83,7 @@ class KafkaApis:
         self.metrics = metrics
         self.producer_ids = producer_ids
         self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
+        self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -99,6 +102,7 @@ class KafkaApis:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.RDMA_ACCESS: self.rdma_access,
+            ApiKey.RDMA_CONSUME: self.rdma_consume,
             **groups.handlers(),
         }
 
@@ -212,6 +216,24 @@ class KafkaApis:
                     error, "rdma_access", f"{request.topic}-{request.partition}"
                 )
                 answer = RdmaAccessResponse(code, message)
+        return [answer.encode()]
+
+    # RdmaConsume -----------------------------------------------------------------------
+
+    async def rdma_consume(self, request: RdmaConsumeRequest, header: RequestHeader) -> Response:
+        """Grant or release RDMA read access to a segment (services/broker/rdma/consume.py)."""
+        if self.rdma_reads is None:
+            answer = RdmaConsumeResponse(
+                ErrorCode.INVALID_REQUEST, "RDMA consume is off on this broker (rdma_consume)"
+            )
+        else:
+            try:
+                answer = self.rdma_reads.handle(request)
+            except Exception as error:
+                code, message = self._item_error(
+                    error, "rdma_consume", f"{request.topic}-{request.partition}"
+                )
+                answer = RdmaConsumeResponse(code, message, consumer_id=request.consumer_id)
         return [answer.encode()]
 
     async def _wait_replicated(

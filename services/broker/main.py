@@ -32,6 +32,7 @@ from services.broker.groups.handlers import GroupApis
 from services.broker.groups.offsets_topic import OFFSETS_TOPIC
 from services.broker.metrics import BrokerMetrics
 from services.broker.producer_ids import ProducerIdAllocator
+from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.replica_fetcher import FetchSettings
 from services.broker.replica_manager import ReplicaManager
@@ -131,6 +132,9 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     if settings.rdma_produce:
         apis.rdma = RdmaProduce(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma.leadership_changed)
+    if settings.rdma_consume:
+        apis.rdma_reads = RdmaConsume(settings, replicas)
+        replicas.leadership_listeners.append(apis.rdma_reads.leadership_changed)
     server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
     port = server.listen(settings.host, settings.port)
     link.listeners = [pb.Listener(name="PLAINTEXT", host=host, port=port)]
@@ -168,6 +172,8 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         await server.close()
         if apis.rdma is not None:
             await apis.rdma.close()
+        if apis.rdma_reads is not None:
+            await apis.rdma_reads.close()
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")

@@ -51,6 +51,18 @@ class BrokerMetrics:
         self.records_in = Counter(
             "directlog_broker_records_in", "Records appended", ["topic"], registry=r
         )
+        # RDMA produce (services/broker/rdma/produce.py).
+        self.rdma_writes = Counter(
+            "directlog_broker_rdma_produce_writes",
+            "RDMA produce writes committed (each one or more record batches)",
+            ["topic"],
+            registry=r,
+        )
+        self.rdma_revocations = Counter(
+            "directlog_broker_rdma_produce_revocations",
+            "RDMA produce grants revoked for a fault (a hole, a bad write, a dead writer)",
+            registry=r,
+        )
         self.bytes_out = Counter(
             "directlog_broker_bytes_out", "Record bytes sent to fetchers", ["topic"], registry=r
         )

@@ -258,6 +258,8 @@ class Partition:
                 end = min(end, progress.log_end_offset if progress else -1)
         if end > self.log.high_watermark:
             high_watermark = self.log.update_high_watermark(end)
+            for listener in list(self.log.listeners):
+                listener.high_watermark_moved(self.log)
             if self._waiters:
                 waiting = []
                 for offset, future in self._waiters:

@@ -62,3 +62,8 @@ class BrokerSettings(ServiceSettings):
     rdma_grant_max_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # zeroed on revocation
     rdma_connect_timeout_ms: int = Field(10000, ge=10)  # a grant unused this long is revoked
     rdma_hole_timeout_ms: int = Field(1000, ge=1)  # writes waiting this long behind a hole
+    # RDMA consume (docs/broker.md "RDMA consume"): segments registered for one-sided reads
+    # and per-consumer metadata slots. Uses rdma_provider and rdma_host; off by default.
+    rdma_consume: bool = False
+    rdma_consume_port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
+    rdma_consume_max_consumers: int = Field(256, ge=1, le=4096)  # slot regions at once

@@ -512,6 +512,7 @@ class RdmaProduce:
             else:
                 topic = arrival.writer.grant.partition.tp.topic
                 self.metrics.produced(topic, result.records, result.size)
+                self.metrics.rdma_writes.labels(topic).inc()
                 self._reply(
                     arrival.writer, order, ErrorCode.NONE, result.records, result.first_offset
                 )
@@ -596,6 +597,7 @@ class RdmaProduce:
         caused it, hears ``culprit_code``) and stop; produces waiting in it go again."""
         if not grant.open:
             return
+        self.metrics.rdma_revocations.inc()
         self._close(grant, f"revoked: {reason}", warn=True)
         for writer in list(grant.writers):
             told = culprit_code if writer is culprit else code

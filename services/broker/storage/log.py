@@ -31,7 +31,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from directlog.durable_files import remove_temporaries, write_atomically
 from directlog.records.batch import (
@@ -104,6 +104,22 @@ class LogRead:
         return max(self.next_offset - self.first_offset, 0)
 
 
+class LogListener(Protocol):
+    """Told of a log's segments changing under registrations of them (RDMA consume).
+    Called with the log's lock held, on the thread that made the change."""
+
+    def segment_rolled(self, log: PartitionLog, sealed: LogSegment) -> None:
+        """``sealed`` stops being the head; it still has its preallocated length, which it
+        gives back when this returns."""
+
+    def segments_removed(self, log: PartitionLog, segments: list[LogSegment]) -> None:
+        """``segments`` are about to be deleted (retention, compaction, truncation) or,
+        for a truncated head, cut."""
+
+    def high_watermark_moved(self, log: PartitionLog) -> None:
+        """The leader moved the high watermark up."""
+
+
 @dataclass(eq=False, slots=True)
 class Reservation:
     """A region of the head segment handed to a producer that writes it directly."""
@@ -147,6 +163,7 @@ class PartitionLog:
         self.topic_id = topic_id
         self.producers = ProducerStateManager(producer_id_expiration_ms)
         self._producer_snapshots = ProducerSnapshotFiles(directory)
+        self.listeners: list[LogListener] = []
 
     # Opening ---------------------------------------------------------------------------
 
@@ -524,6 +541,8 @@ class PartitionLog:
                 return head
             if self._pending:
                 raise ReservationStateError("roll while reservations are pending")
+            for listener in list(self.listeners):
+                listener.segment_rolled(self, head)
             head.on_inactive()
             segment = self._new_segment(self.log_end_offset)
             self._segments.append(segment)
@@ -649,6 +668,7 @@ class PartitionLog:
                     cleaned.delete()
                 return False
             replacement = [] if cleaned is None else [cleaned]
+            self._removing(old)
             try:
                 if cleaned is not None:
                     cleaned.move_to(SWAP_SUFFIX)
@@ -693,6 +713,7 @@ class PartitionLog:
                 return 0
             if doomed == len(self._segments):
                 self.roll()
+            self._removing(self._segments[:doomed])
             for segment in self._segments[:doomed]:
                 segment.delete()
             del self._segments[:doomed]
@@ -717,6 +738,7 @@ class PartitionLog:
             if offset <= self._segments[0].base_offset:
                 self._reset_at(offset)
                 return
+            self._removing([s for s in self._segments if s.next_offset > offset])
             while self._segments[-1].base_offset >= offset:
                 self._segments.pop().delete()
                 self._bases.pop()
@@ -737,6 +759,7 @@ class PartitionLog:
             self._reset_at(offset)
 
     def _reset_at(self, offset: int) -> None:
+        self._removing(self._segments)
         for segment in self._segments:
             segment.delete()
         head = self._new_segment(offset)
@@ -747,6 +770,10 @@ class PartitionLog:
         self.producers.clear()
         self._producer_snapshots.delete_all()
         self._after_truncation()
+
+    def _removing(self, segments: list[LogSegment]) -> None:
+        for listener in list(self.listeners):
+            listener.segments_removed(self, list(segments))
 
     def _after_truncation(self) -> None:
         end = self.log_end_offset

@@ -1,0 +1,344 @@
+"""A drop-in for confluent_kafka.Producer that writes over RDMA (docs/client.md).
+
+Everything a confluent Producer takes and does, it takes and does: it *is* one underneath
+(librdkafka, for metadata and for every record that goes over TCP). With
+``rdma.produce`` = ``exclusive`` or ``shared`` the records of each partition are batched
+here (``linger.ms``, ``batch.num.messages``, ``batch.size``, ``compression.type``) and
+written into the leader's head segment with an RdmaProducer on the loop thread; delivery
+reports come back through ``poll``/``flush`` as confluent's do, with real
+confluent_kafka.Message objects. A partition whose leader refuses RDMA access, or whose
+RDMA writer fails, falls back to TCP for good (records of a failed write are produced again
+over TCP, so delivery is at least once, as with retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from directlog.client.common import LoopThread, RdmaConfig, leader_address
+from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
+from directlog.records.batch import Header, Record, build_batch
+from directlog.records.compression import Compression
+
+log = logging.getLogger(__name__)
+
+CODECS = {
+    "none": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "snappy": Compression.SNAPPY,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+WINDOW = 16  # batches one partition writes before it waits for their replies
+Report = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: Record
+    report: Report | None
+
+
+@dataclass(eq=False, slots=True)
+class _PartitionWriter:
+    """One partition's queue and its RDMA writer (None once it fell back to TCP)."""
+
+    topic: str
+    partition: int
+    queue: list[_Pending] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: RdmaProducer | None = None
+    fallen_back: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class Producer:
+    """confluent_kafka.Producer, plus ``rdma.produce`` (off | exclusive | shared) and
+    ``rdma.provider`` (auto | shm | tcp | pyverbs)."""
+
+    def __init__(self, config: dict[str, Any], **kwargs: Any) -> None:
+        config = {**config, **kwargs}
+        self._rdma = RdmaConfig.take(config)
+        self._tcp = confluent_kafka.Producer(config)
+        self._linger = float(config.get("linger.ms", config.get("queue.buffering.max.ms", 5)))
+        self._batch_records = int(config.get("batch.num.messages", 10000))
+        self._batch_bytes = int(config.get("batch.size", 1000000))
+        codec = str(config.get("compression.type", config.get("compression.codec", "none")))
+        if codec not in CODECS:
+            raise KafkaException(f"compression.type {codec} is not one of {sorted(CODECS)}")
+        self._codec = CODECS[codec]
+        self._timeout = float(config.get("message.timeout.ms", 300000)) / 1000
+        self._reports: queue.SimpleQueue[tuple[Report, KafkaError | None, Message]] = (
+            queue.SimpleQueue()
+        )
+        self._in_rdma = 0  # records handed to RDMA writers and not reported yet
+        self._lock = threading.Lock()
+        self._writers: dict[tuple[str, int], _PartitionWriter] = {}
+        self._partition_counts: dict[str, int] = {}
+        self._loop = LoopThread("directlog-producer") if self._rdma.produce != "off" else None
+
+    # The confluent API -------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        partition: int = -1,
+        on_delivery: Report | None = None,
+        timestamp: int = 0,
+        headers: dict[str, bytes | None] | list[tuple[str, bytes | None]] | None = None,
+        callback: Report | None = None,
+    ) -> None:
+        report = on_delivery or callback
+        if self._loop is None:
+            self._tcp_produce(topic, value, key, partition, report, timestamp, headers)
+            return
+        if partition < 0:
+            partition = self._partition_for(topic, _bytes(key))
+        with self._lock:
+            self._in_rdma += 1
+        record = Record(
+            0,
+            timestamp or int(time.time() * 1000),
+            _bytes(key),
+            _bytes(value),
+            tuple(Header(k, _bytes(v)) for k, v in _header_items(headers)),
+        )
+        self._loop.loop.call_soon_threadsafe(
+            self._enqueue, topic, partition, _Pending(record, report)
+        )
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Serve delivery reports, waiting up to ``timeout`` seconds (None: for ever)
+        for one; the number served."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            served = self._serve_reports()
+            remaining = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            slice_ = 0.0 if served else min(remaining, 0.005 if self._loop else remaining)
+            served += int(self._tcp.poll(slice_))
+            if served or (deadline is not None and time.monotonic() >= deadline):
+                return served
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every record was reported (or ``timeout``); the number still queued."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._in_rdma:
+            self._serve_reports()
+            if deadline is not None and time.monotonic() >= deadline:
+                return len(self)
+            time.sleep(0.001)
+        self._serve_reports()
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        left = int(self._tcp.flush(remaining) if remaining is not None else self._tcp.flush())
+        return left + self._in_rdma
+
+    def __len__(self) -> int:
+        return len(self._tcp) + self._in_rdma
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tcp.list_topics(*args, **kwargs)
+
+    def close(self) -> None:
+        """Flush, then let the RDMA grants go (confluent's Producer has no close; ours
+        holds queue pairs and registered memory)."""
+        self.flush(self._timeout)
+        if self._loop is not None:
+            self._loop.call(self._close_writers(), 30)
+            self._loop.stop()
+            self._loop = None
+
+    # Partitioning ----------------------------------------------------------------------
+
+    def _partition_for(self, topic: str, key: bytes | None) -> int:
+        """librdkafka's default partitioner (consistent_random): CRC-32 of the key, a
+        random partition for records without one."""
+        count = self._partition_counts.get(topic)
+        if count is None:
+            metadata = self._tcp.list_topics(topic, timeout=self._timeout)
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise KafkaException(
+                    KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"no partitions for {topic}")
+                )
+            count = self._partition_counts[topic] = len(found.partitions)
+        if key is None:
+            return random.randrange(count)
+        return zlib.crc32(key) % count
+
+    # On the loop thread ----------------------------------------------------------------
+
+    def _enqueue(self, topic: str, partition: int, pending: _Pending) -> None:
+        writer = self._writers.get((topic, partition))
+        if writer is None:
+            writer = self._writers[(topic, partition)] = _PartitionWriter(topic, partition)
+            writer.task = asyncio.get_running_loop().create_task(self._run(writer))
+        writer.queue.append(pending)
+        writer.ready.set()
+
+    async def _run(self, writer: _PartitionWriter) -> None:
+        """Take a grant, then write the partition's queue in batches until closed."""
+        try:
+            address = await asyncio.to_thread(
+                leader_address, self._tcp, writer.topic, writer.partition, self._timeout
+            )
+            rdma = RdmaProducer(
+                address,
+                writer.topic,
+                writer.partition,
+                mode=self._rdma.produce,
+                provider=self._rdma.provider,
+                window=WINDOW,
+                timeout=min(self._timeout, 30.0),
+                staging_bytes=max(4 << 20, 2 * self._batch_bytes),
+            )
+            await rdma.start()
+            writer.writer = rdma
+        except (RdmaProduceError, KafkaException, OSError) as error:
+            self._fall_back(writer, f"no RDMA access: {error}")
+        while True:
+            await writer.ready.wait()
+            writer.ready.clear()
+            if writer.fallen_back:
+                self._to_tcp(writer, writer.queue)
+                writer.queue = []
+                continue
+            if self._linger > 0:
+                await asyncio.sleep(self._linger / 1000)
+            pending, writer.queue = writer.queue, []
+            await self._write(writer, pending)
+
+    async def _write(self, writer: _PartitionWriter, pending: list[_Pending]) -> None:
+        batches: list[bytes] = []
+        groups: list[list[_Pending]] = []
+        start = 0
+        while start < len(pending):
+            group: list[_Pending] = []
+            size = 0
+            for item in pending[start : start + self._batch_records]:
+                item_size = len(item.record.value or b"") + len(item.record.key or b"") + 32
+                if group and size + item_size > self._batch_bytes:
+                    break
+                group.append(item)
+                size += item_size
+            start += len(group)
+            records = [
+                Record(i, p.record.timestamp, p.record.key, p.record.value, p.record.headers)
+                for i, p in enumerate(group)
+            ]
+            batches.append(build_batch(records, compression=self._codec))
+            groups.append(group)
+        assert writer.writer is not None
+        try:
+            produced = await writer.writer.send(batches)
+        except RdmaProduceError as error:
+            self._fall_back(writer, f"RDMA write failed: {error}")
+            self._to_tcp(writer, pending)
+            return
+        for group, done in zip(groups, produced, strict=True):
+            for i, item in enumerate(group):
+                self._delivered(writer, item, done.base_offset + i)
+
+    def _delivered(self, writer: _PartitionWriter, item: _Pending, offset: int) -> None:
+        if item.report is not None:
+            record = item.record
+            message = Message(
+                topic=writer.topic,
+                partition=writer.partition,
+                offset=offset,
+                key=record.key,
+                value=record.value,
+                headers=[(h.key, h.value) for h in record.headers] or None,
+                timestamp=(confluent_kafka.TIMESTAMP_CREATE_TIME, record.timestamp),
+                error=None,
+            )
+            self._reports.put((item.report, None, message))
+        with self._lock:
+            self._in_rdma -= 1
+
+    def _fall_back(self, writer: _PartitionWriter, why: str) -> None:
+        log.warning("%s-%d: producing over TCP: %s", writer.topic, writer.partition, why)
+        writer.fallen_back = True
+        writer.ready.set()
+
+    def _to_tcp(self, writer: _PartitionWriter, pending: list[_Pending]) -> None:
+        for item in pending:
+            record = item.record
+            self._tcp_produce(
+                writer.topic,
+                record.value,
+                record.key,
+                writer.partition,
+                item.report,
+                record.timestamp,
+                [(h.key, h.value) for h in record.headers],
+            )
+            with self._lock:
+                self._in_rdma -= 1
+
+    def _tcp_produce(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        report: Report | None,
+        timestamp: int,
+        headers: Any,
+    ) -> None:
+        arguments: dict[str, Any] = {"value": value, "key": key, "timestamp": timestamp}
+        if partition >= 0:
+            arguments["partition"] = partition
+        if report is not None:
+            arguments["on_delivery"] = report
+        if headers:
+            arguments["headers"] = headers
+        while True:
+            try:
+                self._tcp.produce(topic, **arguments)
+                return
+            except BufferError:
+                self._tcp.poll(0.01)  # librdkafka's queue is full: serve reports, go again
+
+    def _serve_reports(self) -> int:
+        served = 0
+        while True:
+            try:
+                report, error, message = self._reports.get_nowait()
+            except queue.Empty:
+                return served
+            report(error, message)
+            served += 1
+
+    async def _close_writers(self) -> None:
+        for writer in self._writers.values():
+            if writer.task is not None:
+                writer.task.cancel()
+                await asyncio.gather(writer.task, return_exceptions=True)
+            if writer.writer is not None:
+                await writer.writer.close()
+
+
+def _bytes(data: bytes | str | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _header_items(
+    headers: dict[str, Any] | list[tuple[str, Any]] | None,
+) -> list[tuple[str, Any]]:
+    if headers is None:
+        return []
+    return list(headers.items()) if isinstance(headers, dict) else list(headers)

@@ -1,0 +1,418 @@
+"""An RDMA consumer of one partition (KafkaDirect §4.4.2; docs/broker.md "RDMA consume").
+
+It asks the partition's leader for the segment holding its offset (RdmaConsume ACCESS over
+the Kafka protocol), connects a queue pair, names its consumer id once (WRITE_WITH_IMM into
+the broker's bind word) and from then on reads with one-sided READs only: its metadata slot
+(one READ) to learn how far the segment is readable, then the segment in reads of
+``read_size`` bytes, larger when a batch header says the batch is larger, never past the
+readable end. Only whole, CRC-checked batches are decoded; a partial batch stays in the
+read buffer until its last byte is read. When a sealed segment is read to its end the
+consumer asks for the next one and releases the finished one.
+
+A READ the provider refuses (a segment revoked under it, as happens when the head rolls
+between the slot READ and a data READ) ends the queue pair; the consumer then connects a
+new one and asks again from the next offset it has not returned, so records are returned
+exactly once and in order. Other failures raise RdmaConsumeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import Self
+
+from directlog.protocol.client import KafkaConnection
+from directlog.protocol.errors import ErrorCode
+from directlog.protocol.rdma_consume import (
+    ACCESS,
+    NEW_CONSUMER,
+    NO_SLOT,
+    RELEASE,
+    SLOT_SIZE,
+    RdmaConsumeRequest,
+    RdmaConsumeResponse,
+    Slot,
+    decode_response_frame,
+    read_slot,
+    request_frame,
+)
+from directlog.rdma import (
+    Access,
+    CompletionQueue,
+    Context,
+    MemoryRegion,
+    ProtectionDomain,
+    QpCaps,
+    QueuePair,
+    RdmaError,
+    Sge,
+    WorkCompletion,
+    open_context,
+    resolve_provider,
+)
+from directlog.records.batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    Record,
+    decode_records,
+    peek_offset_and_size,
+    read_header,
+    verify_crc,
+)
+from directlog.records.errors import RecordError
+
+SPIN_SECONDS = 0.0005  # a READ usually completes this soon: poll before parking a thread
+IDLE_SECONDS = 0.001  # between slot READs while nothing new is readable
+TORN_RETRIES = 64  # slot READs that overlapped the broker's update, in a row, at most
+MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in between
+BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
+
+
+class RdmaConsumeError(Exception):
+    """RDMA consume failed; ``code`` is the broker's Kafka error code when it gave one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _LostQueuePair(Exception):
+    """A READ failed: the queue pair is gone (the consumer reconnects)."""
+
+
+class RdmaConsumer:
+    """Reads ``topic``-``partition`` from ``offset`` on through its leader at ``leader``
+    ("host:port"). ``poll`` returns records (absolute offsets) in order, each once.
+    ``max_poll_bytes`` bounds the bytes one poll reads."""
+
+    def __init__(
+        self,
+        leader: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        provider: str = "auto",
+        read_size: int = 2048,
+        max_poll_bytes: int = 1 << 20,
+        timeout: float = 10.0,
+        client_id: str = "directlog-rdma-consumer",
+    ) -> None:
+        if read_size < LOG_OVERHEAD or max_poll_bytes < read_size:
+            raise ValueError("read_size must be >= 12 and max_poll_bytes >= read_size")
+        host, _, port = leader.rpartition(":")
+        self._host, self._port = host, int(port)
+        self.topic, self.partition = topic, partition
+        self.position = offset  # the offset of the next record poll returns
+        self._provider = provider
+        self._read_size = read_size
+        self._max_poll_bytes = max_poll_bytes
+        self._timeout = timeout
+        self._client_id = client_id
+        self._context: Context | None = None
+        self._connection: KafkaConnection | None = None
+        self._qp: QueuePair | None = None
+        self._consumer_id = NEW_CONSUMER
+        self._grant = RdmaConsumeResponse(ErrorCode.NONE)
+        self._addr = self._rkey = self._length = 0
+        self._read_position = 0  # file position of the next byte to READ
+        self._readable_end = 0
+        self._mutable = False
+        self._filled = 0  # bytes in the buffer not yet decoded (the start of a batch)
+        self._reconnects = 0
+        self._closed = False
+
+    async def start(self) -> None:
+        """Open the provider, take the first segment and connect."""
+        try:
+            self._context = open_context(self._provider)
+            self._pd: ProtectionDomain = self._context.alloc_pd()
+            self._cq: CompletionQueue = self._context.create_cq(8)
+            self._slot = self._pd.allocate(SLOT_SIZE, Access.LOCAL_WRITE)
+            self._buffer: MemoryRegion = self._pd.allocate(
+                max(4 * self._read_size, 64 << 10), Access.LOCAL_WRITE
+            )
+        except (RdmaError, ValueError) as error:
+            await self.close()
+            raise RdmaConsumeError(f"RDMA is unavailable here: {error}") from error
+        try:
+            self._connection = await KafkaConnection.connect(self._host, self._port, self._timeout)
+        except OSError as error:
+            await self.close()
+            raise RdmaConsumeError(f"leader {self._host}:{self._port}: {error}") from error
+        await self._connect()
+
+    @property
+    def base_offset(self) -> int:
+        """Base offset of the segment being read."""
+        return self._grant.base_offset
+
+    @property
+    def readable_end(self) -> int:
+        """How far the current segment is readable, as the broker last said."""
+        return self._readable_end
+
+    async def poll(self, timeout: float = 0.0) -> list[Record]:
+        """The records readable now, in order (waiting up to ``timeout`` seconds for some);
+        an empty list when none came."""
+        if self._closed or self._qp is None:
+            raise RdmaConsumeError("consumer is not started, or closed")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                records = await self._read_available()
+            except RdmaConsumeError:
+                await self.close()
+                raise
+            except _LostQueuePair as lost:
+                self._reconnects += 1
+                if self._reconnects > MAX_RECONNECTS:
+                    await self.close()
+                    raise RdmaConsumeError(f"RDMA reads keep failing: {lost}") from None
+                await self._connect()
+                continue
+            if records:
+                self._reconnects = 0
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            await asyncio.sleep(min(IDLE_SECONDS, remaining))
+
+    # Reading -------------------------------------------------------------------------
+
+    async def _read_available(self) -> list[Record]:
+        if self._grant.slot_index != NO_SLOT:
+            slot = await self._read_slot()
+            if slot.revoked or slot.base_offset != self._grant.base_offset:
+                await self._switch(self.position)
+                return []
+            self._addr, self._rkey, self._length = slot.addr, slot.rkey, slot.length
+            self._readable_end, self._mutable = slot.readable_end, slot.mutable
+        records: list[Record] = []
+        budget = self._max_poll_bytes
+        while self._read_position < self._readable_end and budget > 0:
+            size = min(self._next_read_size(), self._readable_end - self._read_position)
+            self._reserve(size)
+            await self._read(
+                DATA_WR,
+                self._buffer.sge(self._filled, size),
+                self._addr + self._read_position,
+                self._rkey,
+            )
+            self._filled += size
+            self._read_position += size
+            budget -= size
+            records += self._take_batches()
+        if not self._mutable and self._read_position >= self._readable_end:
+            if self._filled:
+                raise await self._fail(
+                    f"segment {self._grant.base_offset} ends inside a batch "
+                    f"({self._filled} bytes left over)"
+                )
+            await self._switch(self.position)
+        return records
+
+    def _next_read_size(self) -> int:
+        """``read_size``, or what completes the batch whose header is in the buffer."""
+        peek = peek_offset_and_size(self._buffer.buf[: self._filled])
+        if peek is None:
+            return self._read_size
+        return max(self._read_size, peek[1] - self._filled)
+
+    def _reserve(self, size: int) -> None:
+        """Room for ``size`` more bytes after the buffered ones (a bigger buffer if needed)."""
+        needed = self._filled + size
+        if needed <= self._buffer.length:
+            return
+        if needed > self._length:
+            raise RdmaConsumeError(f"a read of {needed} bytes; the segment has {self._length}")
+        grown = self._pd.allocate(max(needed, 2 * self._buffer.length), Access.LOCAL_WRITE)
+        grown.buf[: self._filled] = self._buffer.buf[: self._filled]
+        self._buffer.deregister()
+        self._buffer = grown
+
+    def _take_batches(self) -> list[Record]:
+        """Decode the whole batches at the buffer's start and keep the partial one."""
+        view = self._buffer.buf
+        records: list[Record] = []
+        position = 0
+        while self._filled - position >= LOG_OVERHEAD:
+            peek = peek_offset_and_size(view, position)
+            assert peek is not None
+            size = peek[1]
+            if not HEADER_SIZE <= size <= self._length:
+                raise RdmaConsumeError(
+                    f"a batch of {size} bytes in segment {self._grant.base_offset}"
+                )
+            if position + size > self._filled:
+                break
+            try:
+                header = read_header(view, position, position + size)
+                verify_crc(view, position, header)
+                batch = [] if header.is_control else decode_records(view, position, header)
+            except RecordError as error:
+                raise RdmaConsumeError(f"corrupt batch read over RDMA: {error}") from error
+            records += (record for record in batch if record.offset >= self.position)
+            self.position = max(self.position, header.next_offset)
+            position += size
+        if position:
+            left = self._filled - position
+            view[:left] = view[position : self._filled]
+            self._filled = left
+        return records
+
+    async def _read_slot(self) -> Slot:
+        grant = self._grant
+        for _ in range(TORN_RETRIES):
+            await self._read(
+                SLOT_WR,
+                self._slot.sge(0, SLOT_SIZE),
+                grant.slot_addr + grant.slot_index * SLOT_SIZE,
+                grant.slot_rkey,
+            )
+            slot = read_slot(self._slot.buf)
+            if slot is not None:
+                return slot
+        raise await self._fail("the metadata slot never read whole")
+
+    async def _read(self, wr_id: int, local: Sge, remote_addr: int, rkey: int) -> None:
+        assert self._qp is not None
+        try:
+            self._qp.post_read(wr_id, local, remote_addr, rkey)
+        except RdmaError as error:
+            raise _LostQueuePair(f"READ not posted: {error}") from None
+        completion = await self._completion()
+        if not completion.ok:
+            raise _LostQueuePair(f"READ failed: {completion.status.name}")
+
+    async def _completion(self) -> WorkCompletion:
+        """The next completion of the current queue pair (one op is out at a time)."""
+        assert self._qp is not None
+        deadline = time.monotonic() + self._timeout
+        spin_until = time.perf_counter() + SPIN_SECONDS
+        while True:
+            if time.perf_counter() < spin_until:
+                completions = self._cq.poll(1, timeout=0)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _LostQueuePair("no completion in time")
+                completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 0.5))
+            for completion in completions:
+                if completion.qp_num == self._qp.qp_num:
+                    return completion
+
+    # Segments ------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        """A new queue pair, a new consumer id and the segment holding ``position``."""
+        if self._qp is not None:
+            self._qp.close()
+            self._qp = None
+        self._consumer_id = NEW_CONSUMER
+        grant = await self._access(self.position)
+        try:
+            qp = self._pd.connect(
+                grant.conn_info, self._cq, QpCaps(max_send_wr=2, max_recv_wr=1), timeout=5.0
+            )
+        except (RdmaError, ValueError) as error:
+            await self.close()
+            raise RdmaConsumeError(f"RDMA connect failed: {error}") from error
+        self._qp = qp
+        self._slot.buf[:8] = self._consumer_id.to_bytes(8, "little")
+        try:
+            qp.post_write_with_imm(
+                BIND_WR, self._slot.sge(0, 8), grant.bind_addr, grant.bind_rkey, self._consumer_id
+            )
+            completion = await self._completion()
+        except (RdmaError, _LostQueuePair) as error:
+            raise await self._fail(f"bind failed: {error}") from None
+        if not completion.ok:
+            raise await self._fail(f"bind refused: {completion.status.name}")
+        self._take(grant)
+
+    async def _switch(self, offset: int) -> None:
+        """Move to the segment holding ``offset`` and release the one left."""
+        left = self._grant.base_offset
+        grant = await self._access(offset)
+        if grant.base_offset != left:
+            await self._release(left)
+        self._take(grant)
+
+    def _take(self, grant: RdmaConsumeResponse) -> None:
+        self._grant = grant
+        self._addr, self._rkey, self._length = grant.addr, grant.rkey, grant.length
+        self._read_position = grant.position
+        self._readable_end, self._mutable = grant.readable_end, grant.mutable
+        self._filled = 0
+
+    async def _access(self, offset: int) -> RdmaConsumeResponse:
+        grant = await self._exchange(
+            RdmaConsumeRequest(
+                self.topic,
+                self.partition,
+                ACCESS,
+                self._consumer_id,
+                offset,
+                tuple(resolve_provider(self._provider).split("+")),
+            )
+        )
+        if grant.error_code != ErrorCode.NONE:
+            raise await self._fail(
+                f"RDMA read access to {self.topic}-{self.partition} at offset {offset} "
+                f"refused: {grant.error_message}",
+                grant.error_code,
+            )
+        self._consumer_id = grant.consumer_id
+        return grant
+
+    async def _release(self, base_offset: int) -> None:
+        answer = await self._exchange(
+            RdmaConsumeRequest(self.topic, self.partition, RELEASE, self._consumer_id, base_offset)
+        )
+        if answer.error_code != ErrorCode.NONE:
+            raise await self._fail(
+                f"release of segment {base_offset} refused: {answer.error_message}",
+                answer.error_code,
+            )
+
+    async def _exchange(self, request: RdmaConsumeRequest) -> RdmaConsumeResponse:
+        assert self._connection is not None
+        correlation_id = self._connection.next_correlation_id()
+        try:
+            frame = await asyncio.wait_for(
+                self._connection.exchange(request_frame(request, correlation_id, self._client_id)),
+                self._timeout,
+            )
+            return decode_response_frame(frame, correlation_id)
+        except (OSError, TimeoutError, RecordError) as error:
+            raise await self._fail(f"RdmaConsume request failed: {error!r}") from error
+
+    async def _fail(self, message: str, code: int | None = None) -> RdmaConsumeError:
+        await self.close()
+        return RdmaConsumeError(message, code)
+
+    async def close(self) -> None:
+        """Let everything go (the broker releases what this consumer held when its queue
+        pair disconnects); safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._connection is not None:
+            await self._connection.close()
+        if self._context is not None:
+            self._context.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()

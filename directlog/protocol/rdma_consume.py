@@ -1,0 +1,287 @@
+"""RdmaConsume (Directlog API key 10001, version 0): a consumer asks a partition's leader
+for RDMA read access to the segment holding an offset, or releases a segment it finished,
+as in KafkaDirect §4.4.2. Written by hand, byte by byte in docs/formats.md ("RDMA
+consume"); classic (non-flexible) encoding, big-endian, like RdmaAccess (key 10000).
+
+The metadata slot the broker keeps for each mutable segment a consumer reads is defined
+here too (``Slot``), since broker and client must agree on it to the byte. Every length is
+bounded before it is used; anything malformed raises CorruptRecordError.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from directlog.rdma.verbs import MAX_CONN_INFO
+from directlog.records.errors import CorruptRecordError
+from directlog.records.varint import Buffer
+
+API_KEY = 10001
+ACCESS, RELEASE = 1, 2
+NEW_CONSUMER = 0  # the consumer id of a first access: the broker assigns one
+NO_SLOT = -1
+MAX_TOPIC = 249
+MAX_PROVIDERS = 8
+MAX_PROVIDER_NAME = 32
+MAX_MESSAGE = 1024
+
+_I16 = struct.Struct(">h")
+_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
+_REQUEST_FIXED = struct.Struct(">ibiq")  # partition, op, consumer id, offset
+# consumer id, base offset, addr, rkey, length, position, readable end, mutable,
+# slot region addr/rkey/length, slot index, bind addr/rkey
+_RESPONSE_FIXED = struct.Struct(">iqQIIIIbQIIiQI")
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaConsumeRequest:
+    """ACCESS: the segment holding ``offset``. RELEASE: give back the segment whose base
+    offset is ``offset``. ``consumer_id`` names the consumer's slot region (NEW_CONSUMER on
+    its first access)."""
+
+    topic: str
+    partition: int
+    op: int
+    consumer_id: int
+    offset: int
+    providers: tuple[str, ...] = ()
+
+    @staticmethod
+    def flexible_version_q(version: int) -> bool:
+        """What the request header parser asks of every API: v0 is classic."""
+        return False
+
+    def encode(self) -> bytes:
+        out = bytearray(_string(self.topic, MAX_TOPIC))
+        out += _REQUEST_FIXED.pack(self.partition, self.op, self.consumer_id, self.offset)
+        if len(self.providers) > MAX_PROVIDERS:
+            raise ValueError(f"more than {MAX_PROVIDERS} providers")
+        out += _I16.pack(len(self.providers))
+        for provider in self.providers:
+            out += _string(provider, MAX_PROVIDER_NAME)
+        return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaConsumeResponse:
+    """An ACCESS grant (error_code 0): bytes [``position``, ``readable_end``) of the
+    segment at ``base_offset`` may be read now, at ``addr + position`` with ``rkey``;
+    ``length`` bytes are registered. A ``mutable`` segment grows: its slot ``slot_index``
+    in the consumer's slot region (``slot_addr``/``slot_rkey``/``slot_length``) says how
+    far. ``bind_addr``/``bind_rkey``: where the consumer's queue pair writes its id once
+    (WRITE_WITH_IMM) so the broker ties the slot region to it. A RELEASE answers only
+    the error code and the consumer id."""
+
+    error_code: int
+    error_message: str | None = None
+    conn_info: str = ""
+    consumer_id: int = NEW_CONSUMER
+    base_offset: int = -1
+    addr: int = 0
+    rkey: int = 0
+    length: int = 0
+    position: int = 0
+    readable_end: int = 0
+    mutable: bool = False
+    slot_addr: int = 0
+    slot_rkey: int = 0
+    slot_length: int = 0
+    slot_index: int = NO_SLOT
+    bind_addr: int = 0
+    bind_rkey: int = 0
+
+    def encode(self) -> bytes:
+        out = bytearray(_I16.pack(self.error_code))
+        if self.error_message is None:
+            out += _I16.pack(-1)
+        else:
+            out += _string(self.error_message[:MAX_MESSAGE], MAX_MESSAGE * 4)
+        out += _string(self.conn_info, MAX_CONN_INFO)
+        out += _RESPONSE_FIXED.pack(
+            self.consumer_id,
+            self.base_offset,
+            self.addr,
+            self.rkey,
+            self.length,
+            self.position,
+            self.readable_end,
+            int(self.mutable),
+            self.slot_addr,
+            self.slot_rkey,
+            self.slot_length,
+            self.slot_index,
+            self.bind_addr,
+            self.bind_rkey,
+        )
+        return bytes(out)
+
+
+def decode_request(body: Buffer, version: int = 0) -> RdmaConsumeRequest:
+    if version != 0:
+        raise CorruptRecordError(f"RdmaConsume v{version} is not defined")
+    reader = _Reader(body)
+    topic = reader.string(MAX_TOPIC)
+    partition, op, consumer_id, offset = reader.fixed(_REQUEST_FIXED)
+    (count,) = reader.fixed(_I16)
+    if not 0 <= count <= MAX_PROVIDERS:
+        raise CorruptRecordError(f"{count} providers")
+    providers = tuple(reader.string(MAX_PROVIDER_NAME) for _ in range(count))
+    reader.end()
+    return RdmaConsumeRequest(topic, partition, op, consumer_id, offset, providers)
+
+
+def decode_response(body: Buffer) -> RdmaConsumeResponse:
+    reader = _Reader(body)
+    (error_code,) = reader.fixed(_I16)
+    message = reader.nullable_string(MAX_MESSAGE * 4)
+    conn_info = reader.string(MAX_CONN_INFO)
+    fixed = reader.fixed(_RESPONSE_FIXED)
+    reader.end()
+    consumer_id, base, addr, rkey, length, position, end, mutable = fixed[:8]
+    slot_addr, slot_rkey, slot_length, slot_index, bind_addr, bind_rkey = fixed[8:]
+    if mutable not in (0, 1):
+        raise CorruptRecordError(f"mutable flag {mutable}")
+    return RdmaConsumeResponse(
+        error_code,
+        message,
+        conn_info,
+        consumer_id,
+        base,
+        addr,
+        rkey,
+        length,
+        position,
+        end,
+        bool(mutable),
+        slot_addr,
+        slot_rkey,
+        slot_length,
+        slot_index,
+        bind_addr,
+        bind_rkey,
+    )
+
+
+def request_frame(request: RdmaConsumeRequest, correlation_id: int, client_id: str) -> bytes:
+    """The size-prefixed request as a client sends it (request header v1)."""
+    body = _HEADER.pack(API_KEY, 0, correlation_id) + _string(client_id, 0x7FFF) + request.encode()
+    return len(body).to_bytes(4, "big") + body
+
+
+def decode_response_frame(frame: Buffer, correlation_id: int) -> RdmaConsumeResponse:
+    """A response frame without its size prefix: header v0 (correlation id), then body."""
+    if len(frame) < 4 or int.from_bytes(frame[:4], "big", signed=True) != correlation_id:
+        raise CorruptRecordError("RdmaConsume answer to another request")
+    return decode_response(memoryview(frame)[4:])
+
+
+# Metadata slots ------------------------------------------------------------------------
+
+MUTABLE, REVOKED = 1, 2  # slot flags
+_SLOT_BODY = struct.Struct("<IIqQQII")  # version, flags, base, readable end, addr, rkey, length
+_SLOT_CRC = struct.Struct("<II")  # crc32c of the body, reserved
+SLOT_SIZE = _SLOT_BODY.size + _SLOT_CRC.size
+assert SLOT_SIZE == 48
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """What the broker says of one segment a consumer reads: bytes before
+    ``readable_end`` are readable (whole batches, all below the high watermark) through
+    ``addr``/``rkey`` (``length`` bytes registered; a segment sealed by a roll is
+    registered anew at its final size). MUTABLE: readable_end may still grow. REVOKED:
+    the access ended (leadership moved, the segment was deleted); ask again."""
+
+    version: int
+    flags: int
+    base_offset: int
+    readable_end: int
+    addr: int
+    rkey: int
+    length: int
+
+    @property
+    def mutable(self) -> bool:
+        return bool(self.flags & MUTABLE)
+
+    @property
+    def revoked(self) -> bool:
+        return bool(self.flags & REVOKED)
+
+
+def write_slot(buf: memoryview, at: int, slot: Slot) -> None:
+    """Store ``slot`` at byte ``at`` of a slot region, checksum last."""
+    _SLOT_BODY.pack_into(
+        buf,
+        at,
+        slot.version & 0xFFFFFFFF,
+        slot.flags,
+        slot.base_offset,
+        slot.readable_end,
+        slot.addr,
+        slot.rkey,
+        slot.length,
+    )
+    body = buf[at : at + _SLOT_BODY.size]
+    _SLOT_CRC.pack_into(buf, at + _SLOT_BODY.size, crc32c(body), 0)
+
+
+def read_slot(buf: Buffer, at: int = 0) -> Slot | None:
+    """The slot at byte ``at`` of a copy of a slot region, or None when its checksum does
+    not match: a read that overlapped the broker's update (read it again) or a free slot."""
+    view = memoryview(buf)
+    if at < 0 or at + SLOT_SIZE > len(view):
+        raise CorruptRecordError(f"slot at byte {at} lies outside {len(view)} bytes")
+    crc, _ = _SLOT_CRC.unpack_from(view, at + _SLOT_BODY.size)
+    if crc32c(view[at : at + _SLOT_BODY.size]) != crc:
+        return None
+    return Slot(*_SLOT_BODY.unpack_from(view, at))
+
+
+def _string(text: str, limit: int) -> bytes:
+    data = text.encode()
+    if len(data) > limit:
+        raise ValueError(f"string of {len(data)} bytes; at most {limit}")
+    return _I16.pack(len(data)) + data
+
+
+class _Reader:
+    """Reads a body front to back; every read is bounded by the body's end."""
+
+    def __init__(self, body: Buffer) -> None:
+        self.body = memoryview(body).cast("B")
+        self.position = 0
+
+    def fixed(self, layout: struct.Struct) -> tuple[int, ...]:
+        if self.position + layout.size > len(self.body):
+            raise CorruptRecordError("RdmaConsume body ends early")
+        values = layout.unpack_from(self.body, self.position)
+        self.position += layout.size
+        return values
+
+    def nullable_string(self, limit: int) -> str | None:
+        (length,) = self.fixed(_I16)
+        if length == -1:
+            return None
+        return self._text(length, limit)
+
+    def string(self, limit: int) -> str:
+        (length,) = self.fixed(_I16)
+        return self._text(length, limit)
+
+    def _text(self, length: int, limit: int) -> str:
+        if not 0 <= length <= limit or self.position + length > len(self.body):
+            raise CorruptRecordError(f"string of {length} bytes")
+        raw = bytes(self.body[self.position : self.position + length])
+        self.position += length
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as error:
+            raise CorruptRecordError(f"string is not UTF-8: {error}") from None
+
+    def end(self) -> None:
+        if self.position != len(self.body):
+            raise CorruptRecordError(f"{len(self.body) - self.position} bytes after the body")

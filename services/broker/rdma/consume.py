@@ -1,0 +1,544 @@
+"""RDMA consume (KafkaDirect §4.4.2): consumers read segment files with one-sided RDMA
+READs and learn how far they may read from metadata slots they also READ, so a broker's
+CPU serves no fetch requests.
+
+A consumer asks (RdmaConsume ACCESS, over its Kafka connection) for the segment holding an
+offset. The broker registers the segment file REMOTE_READ, once however many consumers read
+it (reference-counted by the consumers holding it): a sealed segment at its size, the head
+at its preallocated length. For a segment whose readable end may still move (the head, or a
+sealed one the high watermark has not passed yet) the consumer also gets a slot in its own
+slot region: one contiguous REMOTE_READ region per consumer, lowest free slots first, so a
+consumer reads all its slots with one READ. The broker rewrites a segment's slots whenever
+the high watermark moves (the readable end is the end of the last batch below it, never
+further), when the head rolls (the sealed file is registered anew at its final size before
+the log gives back its preallocated tail, so no registration ever covers bytes past the end
+of a file) and when access ends (REVOKED: leadership moved, the segment was deleted or
+cut).
+
+A consumer's queue pair names its consumer id once (WRITE_WITH_IMM into a scratch word,
+immediate = id); when that queue pair fails or disconnects, or none names the id in time,
+the consumer's slot region is deregistered and every segment it held released. A segment
+no consumer holds is deregistered.
+
+Threads: one accepts queue pairs, one polls the completion queue (receives only); both hand
+what they get to the event loop, which owns all state. Log changes reach it through
+PartitionLog listeners (called on the loop, except compaction's, which are deferred to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.protocol.rdma_consume import (
+    ACCESS,
+    MUTABLE,
+    NEW_CONSUMER,
+    NO_SLOT,
+    RELEASE,
+    REVOKED,
+    SLOT_SIZE,
+    RdmaConsumeRequest,
+    RdmaConsumeResponse,
+    Slot,
+    write_slot,
+)
+from directlog.rdma import (
+    Access,
+    Context,
+    MemoryRegion,
+    QpCaps,
+    QueuePair,
+    RdmaError,
+    WorkCompletion,
+    open_context,
+)
+from directlog.topics import TopicPartition
+from services.broker.partition import Partition
+from services.broker.replica_manager import ReplicaManager
+from services.broker.settings import BrokerSettings
+from services.broker.storage import PartitionLog
+from services.broker.storage.segment import LogSegment
+
+log = logging.getLogger(__name__)
+
+SLOTS_PER_CONSUMER = 64
+RECV_CREDITS = 2  # a bind, and one spare to notice a misbehaving peer
+BIND_BYTES = 8
+POLL_BATCH = 64
+THREAD_WAKE_SECONDS = 0.2
+ID_BITS = 31
+
+
+@dataclass(eq=False, slots=True)
+class SegmentAccess:
+    """One registration of a segment file, shared by the consumers in ``holders``."""
+
+    tp: TopicPartition
+    plog: PartitionLog
+    segment: LogSegment
+    region: MemoryRegion
+    mutable: bool  # the head: registered at its preallocated length
+    holders: dict[int, Holding] = field(default_factory=dict)
+    revoked: bool = False
+
+    @property
+    def key(self) -> tuple[TopicPartition, int]:
+        return self.tp, self.segment.base_offset
+
+    def readable_end(self) -> int:
+        """End of the last whole batch below the high watermark in this segment."""
+        segment, high_watermark = self.segment, self.plog.high_watermark
+        if high_watermark >= segment.next_offset:
+            return segment.size
+        if high_watermark <= segment.base_offset:
+            return 0
+        found = segment.locate(high_watermark)
+        return segment.size if found is None else found[0]
+
+    def complete(self) -> bool:
+        """Sealed, and the high watermark passed its end: nothing more will be readable."""
+        return not self.mutable and self.plog.high_watermark >= self.segment.next_offset
+
+
+@dataclass(eq=False, slots=True)
+class Holding:
+    consumer: Consumer
+    access: SegmentAccess
+    slot: int  # NO_SLOT when the segment was complete when granted
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    consumer_id: int
+    slots: MemoryRegion
+    versions: list[int] = field(default_factory=lambda: [0] * SLOTS_PER_CONSUMER)
+    free: set[int] = field(default_factory=lambda: set(range(SLOTS_PER_CONSUMER)))
+    holdings: dict[tuple[TopicPartition, int], Holding] = field(default_factory=dict)
+    qp: QueuePair | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+class RdmaConsume:
+    """Grants segments to RDMA consumers and keeps their metadata slots current."""
+
+    def __init__(self, settings: BrokerSettings, replicas: ReplicaManager) -> None:
+        self.settings = settings
+        self.replicas = replicas
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._context: Context = open_context(settings.rdma_provider)
+        self._pd = self._context.alloc_pd()
+        max_qps = settings.rdma_consume_max_consumers + 16  # room for unbound queue pairs
+        self._cq = self._context.create_cq(max_qps * (RECV_CREDITS + 1))
+        host = settings.rdma_host or settings.host
+        self._listener = self._pd.listen(
+            self._cq,
+            QpCaps(max_send_wr=1, max_recv_wr=RECV_CREDITS),
+            host=host,
+            port=settings.rdma_consume_port,
+            advertised_host=settings.advertised_host or host,
+        )
+        self._bind_word = self._pd.allocate(BIND_BYTES, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        self._consumers: dict[int, Consumer] = {}
+        self._accesses: dict[PartitionLog, dict[int, SegmentAccess]] = {}
+        self._qps: dict[int, QueuePair] = {}
+        self._bound: dict[int, Consumer] = {}  # qp_num -> the consumer it named
+        self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
+        self._stop = threading.Event()
+        self._handoff = threading.Semaphore(4)
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name="rdma-consume-accept", daemon=True),
+            threading.Thread(target=self._poll_loop, name="rdma-consume-poll", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        log.info("RDMA consume listening: %s", self._listener.conn_info.encode())
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.settings.rdma_connect_timeout_ms / 1000
+
+    # Requests ------------------------------------------------------------------------
+
+    def handle(self, request: RdmaConsumeRequest) -> RdmaConsumeResponse:
+        """Answer an ACCESS or a RELEASE; raises KafkaError with the code the client gets."""
+        if request.op == ACCESS:
+            return self._access(request)
+        if request.op == RELEASE:
+            self._release(request)
+            return RdmaConsumeResponse(ErrorCode.NONE, consumer_id=request.consumer_id)
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"RdmaConsume op {request.op}")
+
+    def _access(self, request: RdmaConsumeRequest) -> RdmaConsumeResponse:
+        offered = self._listener.conn_info.providers
+        if not set(request.providers) & set(offered):
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"no common RDMA provider: client {list(request.providers)}, broker {offered}",
+            )
+        partition = self.replicas.leader_partition(request.topic, request.partition)
+        created = request.consumer_id == NEW_CONSUMER
+        consumer = self._new_consumer() if created else self._consumer(request.consumer_id)
+        try:
+            holding, position = self._grant(consumer, partition, request.offset)
+        except BaseException:
+            if created:
+                self._drop_consumer(consumer, "its first access failed")
+            raise
+        access = holding.access
+        return RdmaConsumeResponse(
+            ErrorCode.NONE,
+            None,
+            self._listener.conn_info.encode(),
+            consumer.consumer_id,
+            access.segment.base_offset,
+            access.region.addr,
+            access.region.rkey,
+            access.region.length,
+            position,
+            access.readable_end(),
+            not access.complete(),
+            consumer.slots.addr,
+            consumer.slots.rkey,
+            consumer.slots.length,
+            holding.slot,
+            self._bind_word.addr,
+            self._bind_word.rkey,
+        )
+
+    def _grant(self, consumer: Consumer, partition: Partition, offset: int) -> tuple[Holding, int]:
+        """The consumer's holding of the segment with ``offset`` (registered and slotted as
+        needed) and the file position of the batch holding it."""
+        plog = partition.log
+        start, high_watermark = plog.log_start_offset, plog.high_watermark
+        if not start <= offset <= high_watermark:
+            raise KafkaError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"{partition.tp}: offset {offset} is outside [{start}, {high_watermark}]",
+            )
+        segments = plog.segments
+        index = max(bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+        position = 0
+        for segment in segments[index:]:
+            head = segment is segments[-1]
+            found = segment.locate(offset)
+            if found is not None or head:
+                position = segment.size if found is None else found[0]
+                break
+        key = (partition.tp, segment.base_offset)
+        holding = consumer.holdings.get(key)
+        if holding is not None:
+            if not holding.access.revoked and holding.access.segment is segment:
+                return holding, position
+            self._release_holding(holding)  # revoked, or a compacted segment replaced it
+        growing = head or high_watermark < segment.next_offset
+        if growing and not consumer.free:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"consumer {consumer.consumer_id} holds {SLOTS_PER_CONSUMER} growing "
+                f"segments already: release some",
+            )
+        access = self._access_of(partition, segment, head)
+        slot = NO_SLOT
+        if growing:
+            slot = min(consumer.free)
+            consumer.free.discard(slot)
+        holding = Holding(consumer, access, slot)
+        access.holders[consumer.consumer_id] = holding
+        consumer.holdings[key] = holding
+        self._update_slots(access, holding)
+        return holding, position
+
+    def _access_of(self, partition: Partition, segment: LogSegment, head: bool) -> SegmentAccess:
+        """The segment's shared registration, made on first use."""
+        plog = partition.log
+        accesses = self._accesses.get(plog)
+        access = None if accesses is None else accesses.get(segment.base_offset)
+        if access is not None:
+            if access.segment is segment:
+                return access
+            self._revoke(access, "a compacted segment replaced it")
+            accesses = self._accesses.get(plog)
+        if head:
+            length = segment.log.capacity
+            if length is None:
+                raise KafkaError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{partition.tp}: RDMA consume of the head segment needs preallocate=true",
+                )
+        else:
+            length = segment.size
+        try:
+            region = self._pd.register_file(segment.log.path, length, Access.REMOTE_READ)
+        except RdmaError as error:
+            raise KafkaError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: cannot register segment: {error}"
+            ) from None
+        access = SegmentAccess(partition.tp, plog, segment, region, head)
+        if accesses is None:
+            accesses = self._accesses[plog] = {}
+            plog.listeners.append(self)
+        accesses[segment.base_offset] = access
+        log.info(
+            "%s: segment %d registered for RDMA reads (%d bytes)",
+            partition.tp,
+            segment.base_offset,
+            length,
+        )
+        return access
+
+    def _release(self, request: RdmaConsumeRequest) -> None:
+        consumer = self._consumer(request.consumer_id)
+        key = (TopicPartition(request.topic, request.partition), request.offset)
+        holding = consumer.holdings.get(key)
+        if holding is None:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"consumer {consumer.consumer_id} holds no segment {request.offset} of "
+                f"{request.topic}-{request.partition}",
+            )
+        self._release_holding(holding)
+
+    def _new_consumer(self) -> Consumer:
+        if len(self._consumers) >= self.settings.rdma_consume_max_consumers:
+            raise KafkaError(
+                ErrorCode.POLICY_VIOLATION,
+                f"{len(self._consumers)} RDMA consumers already (rdma_consume_max_consumers)",
+            )
+        consumer_id = NEW_CONSUMER
+        while consumer_id == NEW_CONSUMER or consumer_id in self._consumers:
+            consumer_id = secrets.randbits(ID_BITS)
+        try:
+            slots = self._pd.allocate(SLOTS_PER_CONSUMER * SLOT_SIZE, Access.REMOTE_READ)
+        except RdmaError as error:
+            raise KafkaError(
+                ErrorCode.POLICY_VIOLATION, f"no slot region for a consumer: {error}"
+            ) from None
+        consumer = Consumer(consumer_id, slots)
+        consumer.timer = self._loop.call_later(
+            self.connect_timeout, self._drop_consumer, consumer, "no queue pair named it in time"
+        )
+        self._consumers[consumer_id] = consumer
+        return consumer
+
+    def _consumer(self, consumer_id: int) -> Consumer:
+        consumer = self._consumers.get(consumer_id)
+        if consumer is None:
+            raise KafkaError(
+                ErrorCode.UNKNOWN_MEMBER_ID, f"no RDMA consumer {consumer_id} on this broker"
+            )
+        return consumer
+
+    # Slots ---------------------------------------------------------------------------
+
+    def _update_slots(self, access: SegmentAccess, only: Holding | None = None) -> None:
+        """Rewrite the slots of ``access`` (or of ``only``): a new version, then the
+        checksum, so a READ overlapping the write fails its check."""
+        holders = access.holders.values() if only is None else (only,)
+        slotted = [holding for holding in holders if holding.slot != NO_SLOT]
+        if not slotted:
+            return
+        if access.revoked:
+            flags, end = REVOKED, 0
+        else:
+            flags, end = 0 if access.complete() else MUTABLE, access.readable_end()
+        region = access.region
+        for holding in slotted:
+            consumer = holding.consumer
+            version = consumer.versions[holding.slot] = consumer.versions[holding.slot] + 1
+            slot = Slot(
+                version,
+                flags,
+                access.segment.base_offset,
+                end,
+                region.addr,
+                region.rkey,
+                region.length,
+            )
+            write_slot(consumer.slots.buf, holding.slot * SLOT_SIZE, slot)
+
+    # Log listener (services/broker/storage/log.py LogListener) -------------------------
+
+    def high_watermark_moved(self, plog: PartitionLog) -> None:
+        for access in self._accesses.get(plog, {}).values():
+            self._update_slots(access)
+
+    def segment_rolled(self, plog: PartitionLog, sealed: LogSegment) -> None:
+        """Before the log trims the sealed head: register it anew at its final size (the
+        file is still at its preallocated length, so that succeeds) and drop the old
+        registration, whose tail is about to leave the file."""
+        access = self._accesses.get(plog, {}).get(sealed.base_offset)
+        if access is None or access.segment is not sealed or not access.mutable:
+            return
+        try:
+            region = self._pd.register_file(sealed.log.path, sealed.size, Access.REMOTE_READ)
+        except RdmaError as error:
+            self._revoke(access, f"cannot register the sealed segment: {error}")
+            return
+        access.region.deregister()
+        access.region, access.mutable = region, False
+        self._update_slots(access)
+
+    def segments_removed(self, plog: PartitionLog, segments: list[LogSegment]) -> None:
+        if threading.get_ident() != self._loop_thread:  # compaction: files only unlinked
+            self._loop.call_soon_threadsafe(self.segments_removed, plog, segments)
+            return
+        accesses = self._accesses.get(plog, {})
+        for segment in segments:
+            access = accesses.get(segment.base_offset)
+            if access is not None and access.segment is segment:
+                self._revoke(access, "the segment was deleted or cut")
+
+    def leadership_changed(self, partition: Partition) -> None:
+        if partition.is_leader:
+            return
+        for access in list(self._accesses.get(partition.log, {}).values()):
+            self._revoke(access, "leadership moved")
+
+    def _revoke(self, access: SegmentAccess, reason: str) -> None:
+        """End remote access to the segment; holders' slots say REVOKED until released."""
+        if access.revoked:
+            return
+        access.revoked = True
+        self._forget(access)
+        access.region.deregister()
+        self._update_slots(access)
+        log.info("%s: RDMA reads of segment %d revoked: %s", access.tp, access.key[1], reason)
+
+    def _forget(self, access: SegmentAccess) -> None:
+        accesses = self._accesses.get(access.plog)
+        if accesses is None or accesses.get(access.segment.base_offset) is not access:
+            return
+        del accesses[access.segment.base_offset]
+        if not accesses:
+            del self._accesses[access.plog]
+            access.plog.listeners.remove(self)
+
+    def _release_holding(self, holding: Holding) -> None:
+        consumer, access = holding.consumer, holding.access
+        del consumer.holdings[access.key]
+        del access.holders[consumer.consumer_id]
+        if holding.slot != NO_SLOT:
+            at = holding.slot * SLOT_SIZE
+            consumer.slots.buf[at : at + SLOT_SIZE] = bytes(SLOT_SIZE)
+            consumer.free.add(holding.slot)
+        if not access.holders and not access.revoked:
+            self._forget(access)
+            access.region.deregister()
+
+    def _drop_consumer(self, consumer: Consumer, reason: str) -> None:
+        if self._consumers.get(consumer.consumer_id) is not consumer:
+            return
+        del self._consumers[consumer.consumer_id]
+        if consumer.timer is not None:
+            consumer.timer.cancel()
+        for holding in list(consumer.holdings.values()):
+            self._release_holding(holding)
+        consumer.slots.deregister()
+        log.info("RDMA consumer %d dropped: %s", consumer.consumer_id, reason)
+        if consumer.qp is not None:
+            self._drop_qp(consumer.qp.qp_num, reason)
+
+    # Threads -------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                qp = self._listener.accept(timeout=THREAD_WAKE_SECONDS)
+            except TimeoutError:
+                continue
+            except RdmaError as error:
+                if not self._stop.is_set():
+                    log.warning("RDMA consume accept failed: %s", error)
+                continue
+            self._loop.call_soon_threadsafe(self._accepted, qp)
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            completions = self._cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
+            if not completions:
+                continue
+            while not self._handoff.acquire(timeout=THREAD_WAKE_SECONDS):
+                if self._stop.is_set():
+                    return
+            try:
+                self._loop.call_soon_threadsafe(self._completed, completions)
+            except RuntimeError:  # the loop closed under us: shutting down
+                return
+
+    # Queue pairs, on the loop ------------------------------------------------------------
+
+    def _accepted(self, qp: QueuePair) -> None:
+        if self._stop.is_set():
+            qp.close()
+            return
+        try:
+            for credit in range(RECV_CREDITS):
+                qp.post_recv(credit)
+        except RdmaError as error:
+            log.warning("RDMA consume queue pair %d: %s", qp.qp_num, error)
+            qp.close()
+            return
+        self._qps[qp.qp_num] = qp
+        self._unbound_timers[qp.qp_num] = self._loop.call_later(
+            self.connect_timeout, self._drop_qp, qp.qp_num, "it named no consumer in time"
+        )
+
+    def _completed(self, completions: list[WorkCompletion]) -> None:
+        try:
+            for completion in completions:
+                self._complete(completion)
+        finally:
+            self._handoff.release()
+
+    def _complete(self, wc: WorkCompletion) -> None:
+        qp = self._qps.get(wc.qp_num)
+        if qp is None:
+            return  # flushed receives of a queue pair already dropped
+        if not wc.ok:
+            self._drop_qp(wc.qp_num, f"queue pair ended: {wc.status.name}")
+            return
+        consumer = self._consumers.get(wc.imm_data or 0)
+        bound = self._bound.get(wc.qp_num)
+        if bound is not None or consumer is None or consumer.qp is not None:
+            self._drop_qp(wc.qp_num, f"it named consumer {wc.imm_data}, not its to name")
+            return
+        consumer.qp = qp
+        self._bound[wc.qp_num] = consumer
+        for timer in (consumer.timer, self._unbound_timers.pop(wc.qp_num, None)):
+            if timer is not None:
+                timer.cancel()
+        consumer.timer = None
+
+    def _drop_qp(self, qp_num: int, reason: str) -> None:
+        qp = self._qps.pop(qp_num, None)
+        timer = self._unbound_timers.pop(qp_num, None)
+        if timer is not None:
+            timer.cancel()
+        consumer = self._bound.pop(qp_num, None)
+        if consumer is not None:
+            consumer.qp = None
+            self._drop_consumer(consumer, reason)
+        if qp is not None:
+            qp.close()
+
+    async def close(self) -> None:
+        """Drop every consumer and registration, stop the threads, close the provider."""
+        for consumer in list(self._consumers.values()):
+            self._drop_consumer(consumer, "broker stopping")
+        for qp_num in list(self._qps):
+            self._drop_qp(qp_num, "broker stopping")
+        for accesses in list(self._accesses.values()):
+            for access in list(accesses.values()):
+                self._revoke(access, "broker stopping")
+        self._stop.set()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
+        self._listener.close()
+        self._context.close()

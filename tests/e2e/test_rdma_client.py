@@ -1,0 +1,187 @@
+"""directlog.client.Producer and Consumer, the confluent-kafka drop-ins, against real
+brokers on the shm and tcp providers: records they write over RDMA are read back by
+confluent-kafka and the other way round, with confluent's own partitioning, delivery
+reports, group membership and committed offsets; against a broker without RDMA they fall
+back to TCP; bad rdma.* keys are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+
+from directlog.client import Consumer, Producer, TopicPartition
+from tests.e2e.broker import BrokerProcess
+from tests.e2e.cluster import Cluster
+from tests.e2e.conftest import RDKAFKA_LOG, Clients, _stop_checked
+
+pytestmark = pytest.mark.timeout(150)
+
+PREALLOCATED = {"preallocate": "true", "segment.bytes": str(1 << 20)}
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def rdma_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BrokerProcess, str]]:
+    provider = request.param
+    settings = {
+        "rdma_produce": True,
+        "rdma_consume": True,
+        "rdma_provider": provider,
+        "rdma_grant_max_bytes": 256 * 1024,
+    }
+    cluster = Cluster(tmp_path_factory.mktemp(f"client-{provider}"), broker_settings=settings)
+    cluster.start()
+    try:
+        yield cluster.brokers[0], provider
+        _stop_checked(cluster.brokers[0])
+    finally:
+        cluster.stop()
+
+
+def config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "logger": RDKAFKA_LOG, **extra}
+
+
+def keyed(count: int, prefix: str = "v") -> list[dict[str, Any]]:
+    return [
+        {
+            "key": f"key-{i % 17}".encode(),
+            "value": f"{prefix}-{i}".encode(),
+            "headers": [("n", str(i).encode())],
+        }
+        for i in range(count)
+    ]
+
+
+def by_partition(reports: list[tuple[Any, Any]]) -> dict[int, list[tuple[int, bytes]]]:
+    found: dict[int, list[tuple[int, bytes]]] = {}
+    for error, message in reports:
+        assert error is None, error
+        found.setdefault(message.partition(), []).append((message.offset(), message.value()))
+    return found
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+def test_producer_writes_over_rdma_where_confluent_would(
+    rdma_broker, clients: Clients, topic_name, mode
+):
+    broker, provider = rdma_broker
+    topic, reference = topic_name("p"), topic_name("ref")
+    for name in (topic, reference):
+        clients.create_topic(broker.bootstrap, name, partitions=3, config=PREALLOCATED)
+    producer = Producer(
+        config(broker.bootstrap, **{"rdma.produce": mode, "rdma.provider": provider})
+    )
+    try:
+        reports = clients.produce_all(producer, topic, keyed(600))
+    finally:
+        producer.close()
+    # The same records through confluent-kafka land in the same partitions.
+    expected = clients.produce_all(clients.producer(broker.bootstrap), reference, keyed(600))
+    assert {p: [v for _, v in got] for p, got in by_partition(reports).items()} == {
+        p: [v for _, v in got] for p, got in by_partition(expected).items()
+    }
+    for partition, got in by_partition(reports).items():
+        assert [offset for offset, _ in got] == list(range(len(got)))
+        consumer = clients.consumer(broker.bootstrap)
+        clients.assign_from(consumer, topic, [partition])
+        messages = clients.consume(consumer, len(got))
+        assert [(m.offset(), m.value()) for m in messages] == got
+        assert all(m.headers() == [("n", m.value()[2:])] for m in messages)
+    # RDMA writes carried them, not Kafka-protocol produces.
+    assert sum(count for p in range(3) for _, count in broker.stored_batches(topic, p)) == 600
+    writes = broker.sample("directlog_broker_rdma_produce_writes_total", topic=topic)
+    assert writes is not None and writes >= 3
+
+
+def test_consumer_reads_over_rdma_in_a_group_and_commits(rdma_broker, clients: Clients, topic_name):
+    broker, provider = rdma_broker
+    topic = topic_name("c")
+    clients.create_topic(broker.bootstrap, topic, partitions=2, config=PREALLOCATED)
+    sent = by_partition(
+        clients.produce_all(clients.producer(broker.bootstrap), topic, keyed(400, "c"))
+    )
+    group = f"rdma-{topic}"
+    consumer = Consumer(
+        config(
+            broker.bootstrap,
+            **{
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "rdma.consume": True,
+                "rdma.provider": provider,
+            },
+        )
+    )
+    try:
+        consumer.subscribe([topic])
+        messages = clients.consume(consumer, 300, timeout=60)
+        got: dict[int, list[tuple[int, bytes]]] = {}
+        for message in messages:
+            got.setdefault(message.partition(), []).append((message.offset(), message.value()))
+        for partition, records in got.items():
+            assert records == sent[partition][: len(records)]
+        consumer.commit(asynchronous=False)
+        positions = {p.partition: p.offset for p in consumer.position(consumer.assignment())}
+        assert positions == {p: len(got.get(p, [])) for p in range(2)}
+    finally:
+        consumer.close()
+    # One-sided reads carried them: no Fetch answered a record of the topic.
+    assert not broker.sample("directlog_broker_records_out_total", topic=topic)
+    # A confluent consumer in the same group resumes at the committed offsets.
+    resumed = clients.consumer(
+        broker.bootstrap, {"group.id": group, "auto.offset.reset": "earliest"}
+    )
+    resumed.subscribe([topic])
+    rest = clients.consume(resumed, 100, timeout=60)
+    seen = {(m.partition(), m.offset()) for m in messages} | {
+        (m.partition(), m.offset()) for m in rest
+    }
+    assert seen == {(p, o) for p, records in sent.items() for o, _ in records}
+
+
+def test_producer_and_consumer_fall_back_to_tcp(module_broker, clients: Clients, topic_name):
+    """The module broker serves no RDMA: everything goes over TCP, nothing is lost."""
+    topic = topic_name("fb")
+    clients.create_topic(module_broker.bootstrap, topic, partitions=2)
+    producer = Producer(config(module_broker.bootstrap, **{"rdma.produce": "shared"}))
+    try:
+        reports = clients.produce_all(producer, topic, keyed(200))
+    finally:
+        producer.close()
+    sent = by_partition(reports)
+    consumer = Consumer(
+        config(
+            module_broker.bootstrap,
+            **{"group.id": "fb", "rdma.consume": "true", "enable.auto.commit": False},
+        )
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
+        messages = clients.consume(consumer, 200, timeout=60)
+    finally:
+        consumer.close()
+    assert sorted((m.partition(), m.offset(), m.value()) for m in messages) == sorted(
+        (p, o, v) for p, records in sent.items() for o, v in records
+    )
+    assert module_broker.sample("directlog_broker_rdma_produce_writes_total", topic=topic) is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rdma.produce": "sometimes"},
+        {"rdma.consume": "maybe"},
+        {"rdma.provider": "carrier-pigeon"},
+        {"rdma.read.size": 8},
+    ],
+)
+def test_bad_rdma_settings_are_refused(bad):
+    for client in (Producer, Consumer):
+        with pytest.raises(KafkaException):
+            client(config("127.0.0.1:1", **{"group.id": "g", **bad}))
