@@ -80,6 +80,8 @@ class Producer:
             raise KafkaException(f"compression.type {codec} is not one of {sorted(CODECS)}")
         self._codec = CODECS[codec]
         self._timeout = float(config.get("message.timeout.ms", 300000)) / 1000
+        acks = str(config.get("acks", config.get("request.required.acks", "all"))).lower()
+        self._acks = -1 if acks in ("all", "-1") else 1  # acks=0 is answered as acks=1
         self._reports: queue.SimpleQueue[tuple[Report, KafkaError | None, Message]] = (
             queue.SimpleQueue()
         )
@@ -200,6 +202,7 @@ class Producer:
                 writer.topic,
                 writer.partition,
                 mode=self._rdma.produce,
+                acks=self._acks,
                 provider=self._rdma.provider,
                 window=WINDOW,
                 timeout=min(self._timeout, 30.0),

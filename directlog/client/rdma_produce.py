@@ -85,9 +85,10 @@ class Produced:
 
 class RdmaProducer:
     """Writes record batches to ``topic``-``partition`` through its leader at
-    ``leader`` ("host:port"). ``mode``: "exclusive" or "shared"; ``window``: writes in
-    flight at once; ``staging_bytes``: the registered buffer batches are copied into
-    before they are written (at least the largest batch)."""
+    ``leader`` ("host:port"). ``mode``: "exclusive" or "shared"; ``acks``: 1 (a batch is
+    answered once the leader committed it) or -1 (once the in-sync replicas have it);
+    ``window``: writes in flight at once; ``staging_bytes``: the registered buffer batches
+    are copied into before they are written (at least the largest batch)."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class RdmaProducer:
         partition: int,
         *,
         mode: str = "exclusive",
+        acks: int = 1,
         provider: str = "auto",
         window: int = 16,
         staging_bytes: int = 4 << 20,
@@ -106,6 +108,9 @@ class RdmaProducer:
             raise ValueError(f"window must be 1..{MAX_IN_FLIGHT}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}")
+        if acks not in (1, -1):
+            raise ValueError("acks must be 1 or -1")
+        self.acks = acks
         host, _, port = leader.rpartition(":")
         self._host, self._port = host, int(port)
         self.topic, self.partition = topic, partition
@@ -368,6 +373,7 @@ class RdmaProducer:
             self._replies.addr,
             self._replies.rkey,
             self._replies.length,
+            self.acks,
         )
         correlation_id = self._connection.next_correlation_id()
         frame = await self._connection.exchange(

@@ -22,6 +22,9 @@ from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.protocol.rdma_consume import API_KEY as RDMA_CONSUME_KEY
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
 from directlog.protocol.rdma_consume import decode_request as decode_consume_request
+from directlog.protocol.rdma_replica import API_KEY as RDMA_REPLICA_KEY
+from directlog.protocol.rdma_replica import RdmaReplicaRequest, RdmaReplicaResponse
+from directlog.protocol.rdma_replica import decode_request as decode_replica_request
 from directlog.protocol.wire import skip_tagged_fields
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
@@ -113,6 +116,7 @@ class ApiKey(IntEnum):
     DESCRIBE_CLUSTER = 60
     RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
     RDMA_CONSUME = RDMA_CONSUME_KEY  # Directlog's own (docs/formats.md "RDMA consume")
+    RDMA_REPLICA = RDMA_REPLICA_KEY  # Directlog's own (docs/formats.md "RDMA replication")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,14 @@ APIS: dict[int, Api] = {
             0,
             0,
             decode_consume_request,
+        ),
+        Api(
+            ApiKey.RDMA_REPLICA,
+            RdmaReplicaRequest,
+            RdmaReplicaResponse,
+            0,
+            0,
+            decode_replica_request,
         ),
     )
 }

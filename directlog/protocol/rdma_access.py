@@ -12,21 +12,25 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from directlog.protocol import rdma_codec
+from directlog.protocol.rdma_codec import (
+    I16,
+    MAX_TOPIC,
+    Reader,
+    encode_message,
+    encode_providers,
+    encode_string,
+)
 from directlog.rdma.verbs import MAX_CONN_INFO
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
 API_KEY = 10000
 EXCLUSIVE, SHARED = 1, 2
-MAX_TOPIC = 249  # Kafka's longest topic name
-MAX_PROVIDERS = 8
-MAX_PROVIDER_NAME = 32
-MAX_MESSAGE = 1024
 MAX_IN_FLIGHT = 64  # writes a client may have unanswered: the receives a leader posts per QP
 
-_I16 = struct.Struct(">h")
-_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
-_REQUEST_FIXED = struct.Struct(">ibiQII")  # partition, mode, min_free, reply addr/rkey/length
+# partition, mode, acks, min_free, reply addr/rkey/length
+_REQUEST_FIXED = struct.Struct(">ibbiQII")
 # file id, addr, rkey, length, base, position, reservation word addr and rkey
 _RESPONSE_FIXED = struct.Struct(">HQIIqiQI")
 
@@ -35,7 +39,8 @@ _RESPONSE_FIXED = struct.Struct(">HQIIqiQI")
 class RdmaAccessRequest:
     """``min_free``: bytes the client needs in one piece (the leader rolls the head segment
     when less is left). ``reply_*``: the client's registered region the leader writes its
-    commit replies into (docs/formats.md "RDMA produce replies")."""
+    commit replies into (docs/formats.md "RDMA produce replies"). ``acks``: 1, a reply
+    once the leader committed a write; -1, once the in-sync replicas have it too."""
 
     topic: str
     partition: int
@@ -45,6 +50,7 @@ class RdmaAccessRequest:
     reply_addr: int
     reply_rkey: int
     reply_length: int
+    acks: int = 1
 
     @staticmethod
     def flexible_version_q(version: int) -> bool:
@@ -52,20 +58,17 @@ class RdmaAccessRequest:
         return False
 
     def encode(self) -> bytes:
-        out = bytearray(_string(self.topic, MAX_TOPIC))
+        out = bytearray(encode_string(self.topic, MAX_TOPIC))
         out += _REQUEST_FIXED.pack(
             self.partition,
             self.mode,
+            self.acks,
             self.min_free,
             self.reply_addr,
             self.reply_rkey,
             self.reply_length,
         )
-        if len(self.providers) > MAX_PROVIDERS:
-            raise ValueError(f"more than {MAX_PROVIDERS} providers")
-        out += _I16.pack(len(self.providers))
-        for provider in self.providers:
-            out += _string(provider, MAX_PROVIDER_NAME)
+        out += encode_providers(self.providers)
         return bytes(out)
 
 
@@ -90,12 +93,8 @@ class RdmaAccessResponse:
     word_rkey: int = 0
 
     def encode(self) -> bytes:
-        out = bytearray(_I16.pack(self.error_code))
-        if self.error_message is None:
-            out += _I16.pack(-1)
-        else:
-            out += _string(self.error_message[:MAX_MESSAGE], MAX_MESSAGE * 4)
-        out += _string(self.conn_info, MAX_CONN_INFO)
+        out = bytearray(I16.pack(self.error_code) + encode_message(self.error_message))
+        out += encode_string(self.conn_info, MAX_CONN_INFO)
         out += _RESPONSE_FIXED.pack(
             self.file_id,
             self.addr,
@@ -112,23 +111,22 @@ class RdmaAccessResponse:
 def decode_request(body: Buffer, version: int = 0) -> RdmaAccessRequest:
     if version != 0:
         raise CorruptRecordError(f"RdmaAccess v{version} is not defined")
-    reader = _Reader(body)
+    reader = Reader(body, "RdmaAccess")
     topic = reader.string(MAX_TOPIC)
-    partition, mode, min_free, reply_addr, reply_rkey, reply_length = reader.fixed(_REQUEST_FIXED)
-    count = reader.fixed(_I16)[0]
-    if not 0 <= count <= MAX_PROVIDERS:
-        raise CorruptRecordError(f"{count} providers")
-    providers = tuple(reader.string(MAX_PROVIDER_NAME) for _ in range(count))
+    partition, mode, acks, min_free, reply_addr, reply_rkey, reply_length = reader.fixed(
+        _REQUEST_FIXED
+    )
+    providers = reader.providers()
     reader.end()
     return RdmaAccessRequest(
-        topic, partition, mode, min_free, providers, reply_addr, reply_rkey, reply_length
+        topic, partition, mode, min_free, providers, reply_addr, reply_rkey, reply_length, acks
     )
 
 
 def decode_response(body: Buffer) -> RdmaAccessResponse:
-    reader = _Reader(body)
-    (error_code,) = reader.fixed(_I16)
-    message = reader.nullable_string(MAX_MESSAGE * 4)
+    reader = Reader(body, "RdmaAccess")
+    (error_code,) = reader.fixed(I16)
+    message = reader.message()
     conn_info = reader.string(MAX_CONN_INFO)
     fixed = reader.fixed(_RESPONSE_FIXED)
     reader.end()
@@ -137,58 +135,9 @@ def decode_response(body: Buffer) -> RdmaAccessResponse:
 
 def request_frame(request: RdmaAccessRequest, correlation_id: int, client_id: str) -> bytes:
     """The size-prefixed request as a client sends it (request header v1)."""
-    body = _HEADER.pack(API_KEY, 0, correlation_id) + _string(client_id, 0x7FFF) + request.encode()
-    return len(body).to_bytes(4, "big") + body
+    return rdma_codec.request_frame(API_KEY, correlation_id, client_id, request.encode())
 
 
 def decode_response_frame(frame: Buffer, correlation_id: int) -> RdmaAccessResponse:
     """A response frame without its size prefix: header v0 (correlation id), then body."""
-    if len(frame) < 4 or int.from_bytes(frame[:4], "big", signed=True) != correlation_id:
-        raise CorruptRecordError("RdmaAccess answer to another request")
-    return decode_response(memoryview(frame)[4:])
-
-
-def _string(text: str, limit: int) -> bytes:
-    data = text.encode()
-    if len(data) > limit:
-        raise ValueError(f"string of {len(data)} bytes; at most {limit}")
-    return _I16.pack(len(data)) + data
-
-
-class _Reader:
-    """Reads a body front to back; every read is bounded by the body's end."""
-
-    def __init__(self, body: Buffer) -> None:
-        self.body = memoryview(body).cast("B")
-        self.position = 0
-
-    def fixed(self, layout: struct.Struct) -> tuple[int, ...]:
-        if self.position + layout.size > len(self.body):
-            raise CorruptRecordError("RdmaAccess body ends early")
-        values = layout.unpack_from(self.body, self.position)
-        self.position += layout.size
-        return values
-
-    def nullable_string(self, limit: int) -> str | None:
-        (length,) = self.fixed(_I16)
-        if length == -1:
-            return None
-        return self._text(length, limit)
-
-    def string(self, limit: int) -> str:
-        (length,) = self.fixed(_I16)
-        return self._text(length, limit)
-
-    def _text(self, length: int, limit: int) -> str:
-        if not 0 <= length <= limit or self.position + length > len(self.body):
-            raise CorruptRecordError(f"string of {length} bytes")
-        raw = bytes(self.body[self.position : self.position + length])
-        self.position += length
-        try:
-            return raw.decode()
-        except UnicodeDecodeError as error:
-            raise CorruptRecordError(f"string is not UTF-8: {error}") from None
-
-    def end(self) -> None:
-        if self.position != len(self.body):
-            raise CorruptRecordError(f"{len(self.body) - self.position} bytes after the body")
+    return decode_response(rdma_codec.response_body(frame, correlation_id, "RdmaAccess"))

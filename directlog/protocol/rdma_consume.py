@@ -15,6 +15,15 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from directlog.protocol import rdma_codec
+from directlog.protocol.rdma_codec import (
+    I16,
+    MAX_TOPIC,
+    Reader,
+    encode_message,
+    encode_providers,
+    encode_string,
+)
 from directlog.rdma.verbs import MAX_CONN_INFO
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
@@ -23,13 +32,7 @@ API_KEY = 10001
 ACCESS, RELEASE = 1, 2
 NEW_CONSUMER = 0  # the consumer id of a first access: the broker assigns one
 NO_SLOT = -1
-MAX_TOPIC = 249
-MAX_PROVIDERS = 8
-MAX_PROVIDER_NAME = 32
-MAX_MESSAGE = 1024
 
-_I16 = struct.Struct(">h")
-_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 _REQUEST_FIXED = struct.Struct(">ibiq")  # partition, op, consumer id, offset
 # consumer id, base offset, addr, rkey, length, position, readable end, mutable,
 # slot region addr/rkey/length, slot index, bind addr/rkey
@@ -55,13 +58,9 @@ class RdmaConsumeRequest:
         return False
 
     def encode(self) -> bytes:
-        out = bytearray(_string(self.topic, MAX_TOPIC))
+        out = bytearray(encode_string(self.topic, MAX_TOPIC))
         out += _REQUEST_FIXED.pack(self.partition, self.op, self.consumer_id, self.offset)
-        if len(self.providers) > MAX_PROVIDERS:
-            raise ValueError(f"more than {MAX_PROVIDERS} providers")
-        out += _I16.pack(len(self.providers))
-        for provider in self.providers:
-            out += _string(provider, MAX_PROVIDER_NAME)
+        out += encode_providers(self.providers)
         return bytes(out)
 
 
@@ -94,12 +93,8 @@ class RdmaConsumeResponse:
     bind_rkey: int = 0
 
     def encode(self) -> bytes:
-        out = bytearray(_I16.pack(self.error_code))
-        if self.error_message is None:
-            out += _I16.pack(-1)
-        else:
-            out += _string(self.error_message[:MAX_MESSAGE], MAX_MESSAGE * 4)
-        out += _string(self.conn_info, MAX_CONN_INFO)
+        out = bytearray(I16.pack(self.error_code) + encode_message(self.error_message))
+        out += encode_string(self.conn_info, MAX_CONN_INFO)
         out += _RESPONSE_FIXED.pack(
             self.consumer_id,
             self.base_offset,
@@ -122,21 +117,18 @@ class RdmaConsumeResponse:
 def decode_request(body: Buffer, version: int = 0) -> RdmaConsumeRequest:
     if version != 0:
         raise CorruptRecordError(f"RdmaConsume v{version} is not defined")
-    reader = _Reader(body)
+    reader = Reader(body, "RdmaConsume")
     topic = reader.string(MAX_TOPIC)
     partition, op, consumer_id, offset = reader.fixed(_REQUEST_FIXED)
-    (count,) = reader.fixed(_I16)
-    if not 0 <= count <= MAX_PROVIDERS:
-        raise CorruptRecordError(f"{count} providers")
-    providers = tuple(reader.string(MAX_PROVIDER_NAME) for _ in range(count))
+    providers = reader.providers()
     reader.end()
     return RdmaConsumeRequest(topic, partition, op, consumer_id, offset, providers)
 
 
 def decode_response(body: Buffer) -> RdmaConsumeResponse:
-    reader = _Reader(body)
-    (error_code,) = reader.fixed(_I16)
-    message = reader.nullable_string(MAX_MESSAGE * 4)
+    reader = Reader(body, "RdmaConsume")
+    (error_code,) = reader.fixed(I16)
+    message = reader.message()
     conn_info = reader.string(MAX_CONN_INFO)
     fixed = reader.fixed(_RESPONSE_FIXED)
     reader.end()
@@ -167,15 +159,12 @@ def decode_response(body: Buffer) -> RdmaConsumeResponse:
 
 def request_frame(request: RdmaConsumeRequest, correlation_id: int, client_id: str) -> bytes:
     """The size-prefixed request as a client sends it (request header v1)."""
-    body = _HEADER.pack(API_KEY, 0, correlation_id) + _string(client_id, 0x7FFF) + request.encode()
-    return len(body).to_bytes(4, "big") + body
+    return rdma_codec.request_frame(API_KEY, correlation_id, client_id, request.encode())
 
 
 def decode_response_frame(frame: Buffer, correlation_id: int) -> RdmaConsumeResponse:
     """A response frame without its size prefix: header v0 (correlation id), then body."""
-    if len(frame) < 4 or int.from_bytes(frame[:4], "big", signed=True) != correlation_id:
-        raise CorruptRecordError("RdmaConsume answer to another request")
-    return decode_response(memoryview(frame)[4:])
+    return decode_response(rdma_codec.response_body(frame, correlation_id, "RdmaConsume"))
 
 
 # Metadata slots ------------------------------------------------------------------------
@@ -239,49 +228,3 @@ def read_slot(buf: Buffer, at: int = 0) -> Slot | None:
     if crc32c(view[at : at + _SLOT_BODY.size]) != crc:
         return None
     return Slot(*_SLOT_BODY.unpack_from(view, at))
-
-
-def _string(text: str, limit: int) -> bytes:
-    data = text.encode()
-    if len(data) > limit:
-        raise ValueError(f"string of {len(data)} bytes; at most {limit}")
-    return _I16.pack(len(data)) + data
-
-
-class _Reader:
-    """Reads a body front to back; every read is bounded by the body's end."""
-
-    def __init__(self, body: Buffer) -> None:
-        self.body = memoryview(body).cast("B")
-        self.position = 0
-
-    def fixed(self, layout: struct.Struct) -> tuple[int, ...]:
-        if self.position + layout.size > len(self.body):
-            raise CorruptRecordError("RdmaConsume body ends early")
-        values = layout.unpack_from(self.body, self.position)
-        self.position += layout.size
-        return values
-
-    def nullable_string(self, limit: int) -> str | None:
-        (length,) = self.fixed(_I16)
-        if length == -1:
-            return None
-        return self._text(length, limit)
-
-    def string(self, limit: int) -> str:
-        (length,) = self.fixed(_I16)
-        return self._text(length, limit)
-
-    def _text(self, length: int, limit: int) -> str:
-        if not 0 <= length <= limit or self.position + length > len(self.body):
-            raise CorruptRecordError(f"string of {length} bytes")
-        raw = bytes(self.body[self.position : self.position + length])
-        self.position += length
-        try:
-            return raw.decode()
-        except UnicodeDecodeError as error:
-            raise CorruptRecordError(f"string is not UTF-8: {error}") from None
-
-    def end(self) -> None:
-        if self.position != len(self.body):
-            raise CorruptRecordError(f"{len(self.body) - self.position} bytes after the body")

@@ -21,6 +21,7 @@ from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
+from directlog.protocol.rdma_replica import RdmaReplicaRequest, RdmaReplicaResponse
 from directlog.records.batch import (
     MAGIC,
     NO_TIMESTAMP,
@@ -46,6 +47,7 @@ from services.broker.partition import Partition
 from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
+from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
 from services.broker.storage import OffsetOutOfRangeError, PartitionLog
@@ -84,6 +86,7 @@ class KafkaApis:
         self.producer_ids = producer_ids
         self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
         self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
+        self.rdma_replication: RdmaReplication | None = None  # set when rdma_replication is on
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -103,6 +106,7 @@ class KafkaApis:
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.RDMA_ACCESS: self.rdma_access,
             ApiKey.RDMA_CONSUME: self.rdma_consume,
+            ApiKey.RDMA_REPLICA: self.rdma_replica,
             **groups.handlers(),
         }
 
@@ -235,6 +239,19 @@ class KafkaApis:
                 )
                 answer = RdmaConsumeResponse(code, message, consumer_id=request.consumer_id)
         return [answer.encode()]
+
+    # RdmaReplica -----------------------------------------------------------------------
+
+    async def rdma_replica(self, request: RdmaReplicaRequest, header: RequestHeader) -> Response:
+        """A leader asks for a push grant of our replica's head segment
+        (services/broker/rdma/replication.py); refused, it keeps being pulled."""
+        if self.rdma_replication is None:
+            answer = RdmaReplicaResponse(
+                ErrorCode.INVALID_REQUEST,
+                "RDMA replication is off on this broker (rdma_replication)",
+            )
+            return [answer.encode()]
+        return await self.rdma_replication.handle(request, header)
 
     async def _wait_replicated(
         self, waiting: list[tuple[PartitionResult, Partition, int, str]], timeout: float

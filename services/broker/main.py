@@ -34,6 +34,7 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
+from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_fetcher import FetchSettings
 from services.broker.replica_manager import ReplicaManager
 from services.broker.server import KafkaServer
@@ -132,6 +133,9 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     if settings.rdma_produce:
         apis.rdma = RdmaProduce(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma.leadership_changed)
+    if settings.rdma_replication:
+        apis.rdma_replication = RdmaReplication(settings, replicas, metrics)
+        replicas.leadership_listeners.append(apis.rdma_replication.leadership_changed)
     if settings.rdma_consume:
         apis.rdma_reads = RdmaConsume(settings, replicas)
         replicas.leadership_listeners.append(apis.rdma_reads.leadership_changed)
@@ -172,6 +176,8 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         await server.close()
         if apis.rdma is not None:
             await apis.rdma.close()
+        if apis.rdma_replication is not None:
+            await apis.rdma_replication.close()
         if apis.rdma_reads is not None:
             await apis.rdma_reads.close()
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from directlog.metrics import LATENCY_BUCKETS, serve
 from directlog.protocol.errors import ErrorCode
+from directlog.topics import TopicPartition
 from services.broker.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
@@ -89,6 +90,32 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # RDMA push replication (services/broker/rdma/replica_leader.py) and its fallback.
+        self.replication_pushed_bytes = Counter(
+            "directlog_broker_replication_pushed_bytes",
+            "Record bytes a leader pushed to followers with RDMA writes",
+            ["topic"],
+            registry=r,
+        )
+        self.replication_pushes = Counter(
+            "directlog_broker_replication_pushes",
+            "RDMA writes of record batches a leader pushed to followers",
+            ["topic"],
+            registry=r,
+        )
+        self.replication_channels = Gauge(
+            "directlog_broker_replication_push_channels",
+            "Push channels a leader has open to followers, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.replica_pulled_bytes = Counter(
+            "directlog_broker_replica_pulled_bytes",
+            "Record bytes a follower appended from its pull fetches, by partition",
+            ["topic", "partition"],
+            registry=r,
+        )
+
         # Labelled children looked up once: labels() costs more than the increment itself.
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
@@ -130,6 +157,9 @@ class BrokerMetrics:
             )
         children[0].inc(records)
         children[1].inc(size)
+
+    def pulled(self, tp: TopicPartition, size: int) -> None:
+        self.replica_pulled_bytes.labels(tp.topic, str(tp.partition)).inc(size)
 
     def request_error(self, api: str, code: ErrorCode) -> None:
         self.errors.labels(api, code.name).inc()

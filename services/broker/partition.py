@@ -62,6 +62,9 @@ class Partition:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._notify = notify
         self._propose_isr = propose_isr
+        # Told when a leader has something new for its followers (records, or a higher
+        # high watermark): RDMA push replication pushes it at once.
+        self.push_listener: Callable[[Partition], None] | None = None
 
     @property
     def config(self) -> LogConfig:
@@ -159,6 +162,8 @@ class Partition:
         place): move the high watermark, or wake followers' fetches that wait for them."""
         if not self.maybe_advance_high_watermark():
             self._notify()
+        if self.push_listener is not None:
+            self.push_listener(self)
 
     async def wait_replicated(self, offset: int, timeout: float) -> None:
         """Until the high watermark passes `offset` (acks=-1); raises with Kafka's code when
@@ -189,7 +194,8 @@ class Partition:
     # Followers ---------------------------------------------------------------------------
 
     def follower_fetched(self, replica: int, fetch_offset: int, now_ms: int) -> None:
-        """A follower asked for `fetch_offset`: it holds everything before it."""
+        """A follower asked for `fetch_offset`, or answered a push with it as its log end:
+        it holds everything before it."""
         progress = self.followers.get(replica)
         if progress is None:
             raise KafkaError(
@@ -204,7 +210,8 @@ class Partition:
         progress.last_fetch_ms = now_ms
         progress.leader_end_at_last_fetch = leader_end
         self._maybe_expand_isr(replica, progress)
-        self.maybe_advance_high_watermark()
+        if self.maybe_advance_high_watermark() and self.push_listener is not None:
+            self.push_listener(self)
 
     def _maybe_expand_isr(self, replica: int, progress: FollowerProgress) -> None:
         if replica in self.info.isr or self.pending_isr is not None:

@@ -53,6 +53,7 @@ class FollowState:
     truncating: bool = True
     paused_until: float = 0.0  # after an error, until metadata or time moves on
     lag: int = 0  # offsets behind the leader's high watermark at the last fetch
+    pushed: bool = False  # the leader pushes it over RDMA: no pull fetches meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,28 @@ class ReplicaFetcher:
         self._changed = asyncio.Event()
         self._connection: KafkaConnection | None = None
         self._task: asyncio.Task[None] | None = None
+        self.pulled: Callable[[TopicPartition, int], None] | None = None  # bytes appended
+
+    def start_push(self, tp: TopicPartition, leader_epoch: int) -> FollowState | None:
+        """Stop pulling `tp` because its leader will push it (services/broker/rdma): only
+        once it has truncated in `leader_epoch`, so its log is a prefix of the leader's. A
+        fetch in flight meanwhile brings nothing for it (its answer is dropped)."""
+        state = self.partitions.get(tp)
+        if (
+            state is None
+            or state.leader_epoch != leader_epoch
+            or state.truncating
+            or state.pushed
+            or state.paused_until > asyncio.get_running_loop().time()
+        ):
+            return None
+        state.pushed = True
+        return state
+
+    def end_push(self, state: FollowState) -> None:
+        """Pull `state`'s partition again, from its log end (a newer state is unaffected)."""
+        state.pushed = False
+        self._changed.set()
 
     def follow(self, partition: Partition) -> None:
         """Fetch `partition` from this leader in its current epoch (truncating first)."""
@@ -137,7 +160,7 @@ class ReplicaFetcher:
         return [
             s
             for s in self.partitions.values()
-            if s.truncating == truncating and s.paused_until <= now
+            if s.truncating == truncating and s.paused_until <= now and not s.pushed
         ]
 
     def _pause(self, state: FollowState, code: int) -> None:
@@ -250,7 +273,7 @@ class ReplicaFetcher:
         for data in fetched:
             tp = TopicPartition(data.topic, data.partition)
             state = self.partitions.get(tp)
-            if state is None or tp not in offsets or state.truncating:
+            if state is None or tp not in offsets or state.truncating or state.pushed:
                 continue
             self._apply_fetched(state, offsets[tp], data)
             state.lag = max(data.high_watermark - state.partition.log.log_end_offset, 0)
@@ -283,6 +306,8 @@ class ReplicaFetcher:
         whole = _whole_batches(data.records)
         if whole:
             partition_log.append(data.records[:whole], assign_offsets=False)
+            if self.pulled is not None:
+                self.pulled(state.partition.tp, whole)
         partition_log.update_high_watermark(min(data.high_watermark, partition_log.log_end_offset))
 
     @property

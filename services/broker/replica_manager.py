@@ -165,6 +165,7 @@ class ReplicaManager:
             fetcher = self.fetchers[leader] = ReplicaFetcher(
                 leader, self._address, self.fetch_settings
             )
+            fetcher.pulled = self.metrics.pulled
         return fetcher
 
     def _address(self, broker_id: int) -> tuple[str, int] | None:

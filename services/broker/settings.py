@@ -62,6 +62,15 @@ class BrokerSettings(ServiceSettings):
     rdma_grant_max_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # zeroed on revocation
     rdma_connect_timeout_ms: int = Field(10000, ge=10)  # a grant unused this long is revoked
     rdma_hole_timeout_ms: int = Field(1000, ge=1)  # writes waiting this long behind a hole
+    # RDMA push replication (docs/broker.md "RDMA push replication"): the leader of a
+    # preallocated topic writes new batches straight into its followers' head segments
+    # with WRITE_WITH_IMM (rdma_provider, rdma_host apply); pull replication stays the
+    # fallback. Off by default; leader and followers both need it on.
+    rdma_replication: bool = False
+    rdma_replication_port: int = Field(0, ge=0, le=65535)  # follower's listener; 0: any free
+    rdma_replication_batch_bytes: int = Field(1024, ge=1)  # contiguous batches per write
+    rdma_replication_credits: int = Field(16, ge=1, le=1024)  # pushes unanswered, at most
+    rdma_replication_timeout_ms: int = Field(5000, ge=10)  # a channel silent this long ends
     # RDMA consume (docs/broker.md "RDMA consume"): segments registered for one-sided reads
     # and per-consumer metadata slots. Uses rdma_provider and rdma_host; off by default.
     rdma_consume: bool = False

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from directlog.protocol.api import APIS, ApiKey, parse_request_header
 from directlog.protocol.rdma_access import (
     API_KEY,
-    MAX_PROVIDERS,
     RdmaAccessRequest,
     RdmaAccessResponse,
     decode_request,
@@ -21,6 +20,7 @@ from directlog.protocol.rdma_access import (
     decode_response_frame,
     request_frame,
 )
+from directlog.protocol.rdma_codec import MAX_PROVIDERS
 from directlog.records.errors import CorruptRecordError
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,6 +41,7 @@ requests = st.builds(
     reply_addr=u64,
     reply_rkey=u32,
     reply_length=u32,
+    acks=st.integers(-128, 127),
 )
 responses = st.builds(
     RdmaAccessResponse,
@@ -93,6 +94,7 @@ def test_documented_request_bytes() -> None:
         b"\x00\x01t"  # topic
         + b"\x00\x00\x00\x03"  # partition
         + b"\x01"  # mode: exclusive
+        + b"\x01"  # acks
         + b"\x00\x00\x02\x00"  # min_free
         + b"\x00\x00\x00\x00\x00\x00\x10\x00"  # reply addr
         + b"\x00\x00\x00\x07"  # reply rkey

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from directlog.protocol.api import APIS, ApiKey, parse_request_header
+from directlog.protocol.rdma_codec import MAX_PROVIDERS
 from directlog.protocol.rdma_consume import (
     ACCESS,
     API_KEY,
-    MAX_PROVIDERS,
     MUTABLE,
     RELEASE,
     REVOKED,

@@ -50,16 +50,15 @@ from directlog.protocol.rdma_consume import (
 )
 from directlog.rdma import (
     Access,
-    Context,
     MemoryRegion,
     QpCaps,
     QueuePair,
     RdmaError,
     WorkCompletion,
-    open_context,
 )
 from directlog.topics import TopicPartition
 from services.broker.partition import Partition
+from services.broker.rdma.endpoint import RdmaEndpoint
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
 from services.broker.storage import PartitionLog
@@ -70,8 +69,6 @@ log = logging.getLogger(__name__)
 SLOTS_PER_CONSUMER = 64
 RECV_CREDITS = 2  # a bind, and one spare to notice a misbehaving peer
 BIND_BYTES = 8
-POLL_BATCH = 64
-THREAD_WAKE_SECONDS = 0.2
 ID_BITS = 31
 
 
@@ -132,33 +129,24 @@ class RdmaConsume:
         self.replicas = replicas
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._context: Context = open_context(settings.rdma_provider)
-        self._pd = self._context.alloc_pd()
         max_qps = settings.rdma_consume_max_consumers + 16  # room for unbound queue pairs
-        self._cq = self._context.create_cq(max_qps * (RECV_CREDITS + 1))
-        host = settings.rdma_host or settings.host
-        self._listener = self._pd.listen(
-            self._cq,
+        self._endpoint = RdmaEndpoint(
+            "RDMA consume",
+            settings,
+            settings.rdma_consume_port,
             QpCaps(max_send_wr=1, max_recv_wr=RECV_CREDITS),
-            host=host,
-            port=settings.rdma_consume_port,
-            advertised_host=settings.advertised_host or host,
+            max_qps * (RECV_CREDITS + 1),
+            self._accepted,
+            self._complete,
         )
+        self._pd = self._endpoint.pd
+        self._listener = self._endpoint.listener
         self._bind_word = self._pd.allocate(BIND_BYTES, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         self._consumers: dict[int, Consumer] = {}
         self._accesses: dict[PartitionLog, dict[int, SegmentAccess]] = {}
         self._qps: dict[int, QueuePair] = {}
         self._bound: dict[int, Consumer] = {}  # qp_num -> the consumer it named
         self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
-        self._stop = threading.Event()
-        self._handoff = threading.Semaphore(4)
-        self._threads = [
-            threading.Thread(target=self._accept_loop, name="rdma-consume-accept", daemon=True),
-            threading.Thread(target=self._poll_loop, name="rdma-consume-poll", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-        log.info("RDMA consume listening: %s", self._listener.conn_info.encode())
 
     @property
     def connect_timeout(self) -> float:
@@ -445,39 +433,9 @@ class RdmaConsume:
         if consumer.qp is not None:
             self._drop_qp(consumer.qp.qp_num, reason)
 
-    # Threads -------------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                qp = self._listener.accept(timeout=THREAD_WAKE_SECONDS)
-            except TimeoutError:
-                continue
-            except RdmaError as error:
-                if not self._stop.is_set():
-                    log.warning("RDMA consume accept failed: %s", error)
-                continue
-            self._loop.call_soon_threadsafe(self._accepted, qp)
-
-    def _poll_loop(self) -> None:
-        while not self._stop.is_set():
-            completions = self._cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
-            if not completions:
-                continue
-            while not self._handoff.acquire(timeout=THREAD_WAKE_SECONDS):
-                if self._stop.is_set():
-                    return
-            try:
-                self._loop.call_soon_threadsafe(self._completed, completions)
-            except RuntimeError:  # the loop closed under us: shutting down
-                return
-
     # Queue pairs, on the loop ------------------------------------------------------------
 
     def _accepted(self, qp: QueuePair) -> None:
-        if self._stop.is_set():
-            qp.close()
-            return
         try:
             for credit in range(RECV_CREDITS):
                 qp.post_recv(credit)
@@ -489,13 +447,6 @@ class RdmaConsume:
         self._unbound_timers[qp.qp_num] = self._loop.call_later(
             self.connect_timeout, self._drop_qp, qp.qp_num, "it named no consumer in time"
         )
-
-    def _completed(self, completions: list[WorkCompletion]) -> None:
-        try:
-            for completion in completions:
-                self._complete(completion)
-        finally:
-            self._handoff.release()
 
     def _complete(self, wc: WorkCompletion) -> None:
         qp = self._qps.get(wc.qp_num)
@@ -537,8 +488,4 @@ class RdmaConsume:
         for accesses in list(self._accesses.values()):
             for access in list(accesses.values()):
                 self._revoke(access, "broker stopping")
-        self._stop.set()
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
-        self._listener.close()
-        self._context.close()
+        await self._endpoint.close()

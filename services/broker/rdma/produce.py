@@ -11,10 +11,7 @@ write in its place (a marker), and committing a marker seals the grant, since ev
 reservation overflowed too. A reservation whose write never comes is a hole: when later
 writes wait behind one for ``rdma_hole_timeout_ms`` the grant is revoked.
 
-Threads: one thread accepts queue pairs, one polls the completion queue; both hand what
-they get to the event loop (call_soon_threadsafe), which owns every grant and is the only
-thread that posts. The poller waits for the loop to take a batch before it polls more, so
-at most ``HANDOFF_BATCHES`` batches are ever queued on the loop.
+It runs on an RdmaEndpoint (endpoint.py): the event loop owns every grant.
 
 A grant is revoked (its memory deregistered so later writes fail at the provider, its
 uncommitted bytes zeroed, its writers told) when: an exclusive writer's queue pair fails
@@ -28,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from directlog.protocol.errors import ErrorCode, KafkaError
@@ -41,20 +38,19 @@ from directlog.protocol.rdma_access import (
 )
 from directlog.rdma import (
     Access,
-    Context,
     MemoryRegion,
     Opcode,
     QpCaps,
     QueuePair,
     RdmaError,
     WorkCompletion,
-    open_context,
 )
 from directlog.records.varint import Buffer
 from directlog.topics import TopicPartition
 from services.broker.error_codes import error_code_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
+from services.broker.rdma.endpoint import RdmaEndpoint
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
 from services.broker.storage import AppendResult
@@ -67,15 +63,13 @@ MAX_REPLY_SLOTS = 1024
 RECV_CREDITS = MAX_IN_FLIGHT  # receives posted per queue pair
 SEND_DEPTH = 64  # replies not yet completed per queue pair
 MAX_CONNECTIONS = 64  # queue pairs the completion queue has room for
-HANDOFF_BATCHES = 4
-POLL_BATCH = 64
-THREAD_WAKE_SECONDS = 0.2  # how often the threads look at the stop flag
 FILE_IDS = 1 << 16
 ORDERS = 1 << 16
 ORDER_ONE = 1 << 48  # one order in the reservation word
 OFFSET_MASK = ORDER_ONE - 1
 MAX_AHEAD = MAX_CONNECTIONS * MAX_IN_FLIGHT  # orders a shared grant buffers past a hole
 ABORTED = ErrorCode.REQUEST_TIMED_OUT  # what writers hear when others' faults end a grant
+REPLICATION_TIMEOUT = 30.0  # acks=-1: as a Kafka producer's request.timeout.ms default
 
 
 @dataclass(eq=False, slots=True)
@@ -108,17 +102,23 @@ class Grant:
 @dataclass(eq=False, slots=True)
 class Writer:
     """One client's handle on a grant: its file id, its reply region and, once it wrote,
-    its queue pair. Replies go to slot ``replies_sent mod slots``."""
+    its queue pair. Replies go to slot ``replies_sent mod slots``. With acks=-1 a reply
+    waits in ``replicating`` until the high watermark passes its write."""
 
     file_id: int
     grant: Grant
     replies: MemoryRegion  # the broker's send buffer, one slot per reply
     reply_addr: int
     reply_rkey: int
+    acks: int
     qp: QueuePair | None = None
     replies_sent: int = 0
+    replies_done: int = 0  # their completions polled
     failed: bool = False  # told an error: dropped when that reply completes
     timer: asyncio.TimerHandle | None = None
+    replicating: deque[tuple[int, AppendResult]] = field(default_factory=deque)
+    replier: asyncio.Task[None] | None = None
+    failure: int | None = None  # to tell once the replicating replies went out
 
     @property
     def slots(self) -> int:
@@ -145,17 +145,17 @@ class RdmaProduce:
         self.replicas = replicas
         self.metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self._context: Context = open_context(settings.rdma_provider)
-        self._pd = self._context.alloc_pd()
-        self._cq = self._context.create_cq(MAX_CONNECTIONS * (RECV_CREDITS + SEND_DEPTH))
-        host = settings.rdma_host or settings.host
-        self._listener = self._pd.listen(
-            self._cq,
+        self._endpoint = RdmaEndpoint(
+            "RDMA produce",
+            settings,
+            settings.rdma_port,
             QpCaps(max_send_wr=SEND_DEPTH, max_recv_wr=RECV_CREDITS),
-            host=host,
-            port=settings.rdma_port,
-            advertised_host=settings.advertised_host or host,
+            MAX_CONNECTIONS * (RECV_CREDITS + SEND_DEPTH),
+            self._accepted,
+            self._complete,
         )
+        self._pd = self._endpoint.pd
+        self._listener = self._endpoint.listener
         self._grants: dict[TopicPartition, Grant] = {}  # open grants
         self._writers: dict[int, Writer] = {}  # by file id
         self._qps: dict[int, QueuePair] = {}
@@ -163,15 +163,6 @@ class RdmaProduce:
         self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
         self._next_file_id = 1
         self._tasks: set[asyncio.Task[None]] = set()  # seals started when writers left
-        self._stop = threading.Event()
-        self._handoff = threading.Semaphore(HANDOFF_BATCHES)
-        self._threads = [
-            threading.Thread(target=self._accept_loop, name="rdma-accept", daemon=True),
-            threading.Thread(target=self._poll_loop, name="rdma-poll", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-        log.info("RDMA produce listening: %s", self._listener.conn_info.encode())
 
     @property
     def connect_timeout(self) -> float:
@@ -189,6 +180,8 @@ class RdmaProduce:
         the client gets."""
         if request.mode not in (EXCLUSIVE, SHARED):
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"RDMA produce mode {request.mode}")
+        if request.acks not in (1, -1):
+            raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"RDMA produce acks={request.acks}")
         offered = self._listener.conn_info.providers
         if not set(request.providers) & set(offered):
             raise KafkaError(
@@ -289,7 +282,12 @@ class RdmaProduce:
             raise KafkaError(ErrorCode.INVALID_REQUEST, "no free RDMA file id")
         replies = self._pd.allocate(request.reply_length, Access.LOCAL_WRITE)
         writer = Writer(
-            self._take_file_id(), grant, replies, request.reply_addr, request.reply_rkey
+            self._take_file_id(),
+            grant,
+            replies,
+            request.reply_addr,
+            request.reply_rkey,
+            request.acks,
         )
         writer.timer = self._loop.call_later(self.connect_timeout, self._writer_unused, writer)
         grant.writers.append(writer)
@@ -338,39 +336,9 @@ class RdmaProduce:
             # The grant ended before this produce committed: its bytes are gone; go again.
         return partition.append_as_leader(records, acks)
 
-    # Threads -------------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                qp = self._listener.accept(timeout=THREAD_WAKE_SECONDS)
-            except TimeoutError:
-                continue
-            except RdmaError as error:
-                if not self._stop.is_set():
-                    log.warning("RDMA accept failed: %s", error)
-                continue
-            self._loop.call_soon_threadsafe(self._accepted, qp)
-
-    def _poll_loop(self) -> None:
-        while not self._stop.is_set():
-            completions = self._cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
-            if not completions:
-                continue
-            while not self._handoff.acquire(timeout=THREAD_WAKE_SECONDS):
-                if self._stop.is_set():
-                    return
-            try:
-                self._loop.call_soon_threadsafe(self._completed, completions)
-            except RuntimeError:  # the loop closed under us: shutting down
-                return
-
     # On the loop -----------------------------------------------------------------------
 
     def _accepted(self, qp: QueuePair) -> None:
-        if self._stop.is_set():
-            qp.close()
-            return
         try:
             for credit in range(RECV_CREDITS):
                 qp.post_recv(credit)
@@ -383,21 +351,22 @@ class RdmaProduce:
             self.connect_timeout, self._drop_qp, qp.qp_num, "no write in time"
         )
 
-    def _completed(self, completions: list[WorkCompletion]) -> None:
-        try:
-            for completion in completions:
-                self._complete(completion)
-        finally:
-            self._handoff.release()
-
     def _complete(self, wc: WorkCompletion) -> None:
         qp = self._qps.get(wc.qp_num)
         if qp is None:
             return  # a queue pair already dropped: its flushed requests
         writer = self._bound.get(wc.qp_num)
         if wc.opcode is not Opcode.RECV_RDMA_WITH_IMM:  # one of our replies
-            if not wc.ok or writer is None or writer.failed:
+            if writer is not None:
+                writer.replies_done += 1
+            if not wc.ok or writer is None:
                 self._drop_qp(wc.qp_num, f"reply completed with {wc.status.name}")
+            elif (
+                writer.failed
+                and writer.replier is None
+                and writer.replies_done == writer.replies_sent
+            ):
+                self._drop_qp(wc.qp_num, "told its error")
             return
         if not wc.ok:
             self._drop_qp(wc.qp_num, f"queue pair failed: {wc.status.name}")
@@ -476,6 +445,8 @@ class RdmaProduce:
             self._close(grant, "sealed: a reservation overflowed the region")
             return
         try:
+            if arrival.writer is not None and arrival.writer.acks == -1:
+                grant.partition.check_appendable(-1)
             result = self._commit(grant, arrival.length)
         except Exception as error:
             if arrival.result is not None and not arrival.result.done():
@@ -510,12 +481,16 @@ class RdmaProduce:
             if result is None:
                 self._reply(arrival.writer, order, ErrorCode.NONE, 0, -1)
             else:
-                topic = arrival.writer.grant.partition.tp.topic
+                writer = arrival.writer
+                topic = writer.grant.partition.tp.topic
                 self.metrics.produced(topic, result.records, result.size)
                 self.metrics.rdma_writes.labels(topic).inc()
-                self._reply(
-                    arrival.writer, order, ErrorCode.NONE, result.records, result.first_offset
-                )
+                if writer.acks == -1:
+                    writer.replicating.append((order, result))
+                    if writer.replier is None:
+                        writer.replier = self._loop.create_task(self._reply_replicated(writer))
+                else:
+                    self._reply(writer, order, ErrorCode.NONE, result.records, result.first_offset)
         elif arrival.result is not None and not arrival.result.done():
             arrival.result.set_result(result)
 
@@ -572,14 +547,39 @@ class RdmaProduce:
         except RdmaError as error:
             self._drop_qp(qp.qp_num, f"reply not posted: {error}")
 
+    async def _reply_replicated(self, writer: Writer) -> None:
+        """acks=-1: answer the writer's committed writes, in order, as the high watermark
+        passes each; then the failure it is owed, if any."""
+        partition = writer.grant.partition
+        try:
+            while writer.replicating:
+                order, result = writer.replicating[0]
+                try:
+                    await partition.wait_replicated(result.last_offset, REPLICATION_TIMEOUT)
+                except KafkaError as error:
+                    writer.replicating.clear()
+                    writer.failure = None
+                    self._fail_writer(writer, error.code, str(error))
+                    return
+                writer.replicating.popleft()
+                if writer.qp is not None:
+                    self._reply(writer, order, ErrorCode.NONE, result.records, result.first_offset)
+            if writer.failure is not None:
+                self._reply(writer, writer.grant.next_order, writer.failure, 0, -1)
+        finally:
+            writer.replier = None
+
     def _fail_writer(self, writer: Writer, code: int, reason: str) -> None:
-        """Tell a writer ``code`` and drop its queue pair once that reply completed."""
+        """Tell a writer ``code`` (after the replies to its committed writes, which it must
+        not write again) and drop its queue pair once that reply completed."""
         if writer.failed:
             return
         log.info("RDMA writer %d: %s", writer.file_id, reason)
         writer.failed = True
         if writer.qp is None:
             self._writer_gone(writer)
+        elif writer.replier is not None:
+            writer.failure = code
         else:
             self._reply(writer, writer.grant.next_order, code, 0, -1)
 
@@ -668,6 +668,8 @@ class RdmaProduce:
         del self._writers[writer.file_id]
         if writer.timer is not None:
             writer.timer.cancel()
+        if writer.replier is not None:
+            writer.replier.cancel()
         writer.replies.deregister()
         grant = writer.grant
         grant.writers.remove(writer)
@@ -705,8 +707,4 @@ class RdmaProduce:
             self._writer_gone(writer)
         for task in list(self._tasks):
             task.cancel()
-        self._stop.set()
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
-        self._listener.close()
-        self._context.close()
+        await self._endpoint.close()

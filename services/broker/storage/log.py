@@ -42,6 +42,7 @@ from directlog.records.batch import (
     TimestampType,
     stamp_offset_and_epoch,
 )
+from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
 from directlog.topic_config import LogConfig
 from services.broker.storage.errors import (
@@ -424,6 +425,47 @@ class PartitionLog:
             reservation.segment.committed(plan, reservation.position)
             if producers is not None:
                 self.producers.complete(producers)
+            return self._appended(plan)
+
+    def commit_replicated(self, segment: LogSegment, position: int, length: int) -> AppendResult:
+        """A follower's append in place (RDMA push replication): the leader placed `length`
+        bytes of its log at `position` of the preallocated head `segment`, the log end.
+        They are validated where they lie as replicated batches (leader offsets and epochs
+        kept, the first at the log end) and become part of the log as `append` with
+        `assign_offsets=False` would make them. Never rolls: a push that does not fit the
+        head raises, as does a rejected region, and the log stays unchanged."""
+        with self._lock:
+            if self._pending:
+                raise ReservationStateError("replicated commit while reservations are pending")
+            head = self._segments[-1]
+            capacity = segment.log.capacity
+            if (
+                head is not segment
+                or segment.size != position
+                or capacity is None
+                or not 0 < length <= capacity - position
+            ):
+                raise ReservationStateError("the push does not continue the head segment")
+            region = segment.log.region(position, length)
+            try:
+                plan = self._plan(region, -1, False, self._clock())
+                if plan.first_offset != self.log_end_offset:
+                    raise InvalidRecordError(
+                        f"pushed batches start at {plan.first_offset}, "
+                        f"the log ends at {self.log_end_offset}"
+                    )
+                if (
+                    plan.last_offset - segment.base_offset > _INT32_MAX
+                    or segment.offset_index.size_bytes + OffsetIndex.ENTRY.size
+                    > self.config.segment_index_bytes
+                ):
+                    raise ReservationStateError("the head segment cannot index more batches")
+                self._assign_replicated_epochs(plan.epoch_starts)
+                segment.log.advance(length)
+                segment.committed(plan, position)
+                self.producers.update_replicated(region, plan)
+            finally:
+                region.release()
             return self._appended(plan)
 
     def abort(self, reservation: Reservation) -> None:

@@ -1,0 +1,130 @@
+"""What each RDMA module of the broker (produce, consume, push replication) runs on: one
+verbs context, protection domain, completion queue and listener, and two threads that
+hand what they get to the event loop, which owns all module state and is the only thread
+that posts. The modules stay independent (each its own switch, port and queue depths),
+as the paper's are.
+
+The poller waits for the loop to take a batch of completions before it polls more, so at
+most ``HANDOFF_BATCHES`` batches are ever queued on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from directlog.rdma import (
+    CompletionQueue,
+    Context,
+    Listener,
+    ProtectionDomain,
+    QpCaps,
+    QueuePair,
+    RdmaError,
+    WorkCompletion,
+    open_context,
+)
+from services.broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+HANDOFF_BATCHES = 4
+POLL_BATCH = 64
+THREAD_WAKE_SECONDS = 0.2  # how often the threads look at the stop flag
+
+
+class RdmaEndpoint:
+    """A listener on ``port`` whose accepted queue pairs go to ``accepted`` and whose
+    completions go to ``completed``, both called on the event loop."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: BrokerSettings,
+        port: int,
+        caps: QpCaps,
+        cq_depth: int,
+        accepted: Callable[[QueuePair], None],
+        completed: Callable[[WorkCompletion], None],
+    ) -> None:
+        self.name = name
+        self._loop = asyncio.get_running_loop()
+        self._accepted = accepted
+        self._completed = completed
+        self.context: Context = open_context(settings.rdma_provider)
+        self.pd: ProtectionDomain = self.context.alloc_pd()
+        self.cq: CompletionQueue = self.context.create_cq(cq_depth)
+        host = settings.rdma_host or settings.host
+        self.listener: Listener = self.pd.listen(
+            self.cq,
+            caps,
+            host=host,
+            port=port,
+            advertised_host=settings.advertised_host or host,
+        )
+        self._stop = threading.Event()
+        self._handoff = threading.Semaphore(HANDOFF_BATCHES)
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True),
+            threading.Thread(target=self._poll_loop, name=f"{name}-poll", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        log.info("%s listening: %s", name, self.listener.conn_info.encode())
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                qp = self.listener.accept(timeout=THREAD_WAKE_SECONDS)
+            except TimeoutError:
+                continue
+            except RdmaError as error:
+                if not self._stop.is_set():
+                    log.warning("%s: accept failed: %s", self.name, error)
+                continue
+            try:
+                self._loop.call_soon_threadsafe(self._take_qp, qp)
+            except RuntimeError:  # the loop closed under us: shutting down
+                qp.close()
+                return
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            completions = self.cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
+            if not completions:
+                continue
+            while not self._handoff.acquire(timeout=THREAD_WAKE_SECONDS):
+                if self._stop.is_set():
+                    return
+            try:
+                self._loop.call_soon_threadsafe(self._take_completions, completions)
+            except RuntimeError:  # the loop closed under us: shutting down
+                return
+
+    def _take_qp(self, qp: QueuePair) -> None:
+        if self._stop.is_set():
+            qp.close()
+        else:
+            self._accepted(qp)
+
+    def _take_completions(self, completions: list[WorkCompletion]) -> None:
+        try:
+            for completion in completions:
+                self._completed(completion)
+        finally:
+            self._handoff.release()
+
+    async def close(self) -> None:
+        """Stop the threads, then close the listener and the provider (the module has
+        dropped its queue pairs and memory regions first)."""
+        self._stop.set()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
+        self.listener.close()
+        self.context.close()
