@@ -275,8 +275,8 @@ class ShmQueuePair(SoftQueuePair, Connection):
 
     def drain_ring(self, found: list[WorkCompletion], max_entries: int) -> None:
         with self._lock:
-            if self._ring.closed:
-                return
+            if self._ring.closed or self._state is not QpState.RTS:
+                return  # _flush delivered what landed before; later writes complete nowhere
             produced = _atomics.load(self._ring, PRODUCED_AT)
             if produced > self._ring_posted:
                 log.warning("shm qp %d: the peer completed receives never posted", self.qp_num)

@@ -30,6 +30,7 @@ from directlog.rdma import (
     QpCaps,
     QpState,
     QueueFullError,
+    RdmaError,
     RegistrationError,
     WcStatus,
     open_context,
@@ -294,6 +295,30 @@ def test_error_flushes_later_ops_and_the_peers_receives(pair: Pair) -> None:
     assert pair.owner_qp.state is QpState.ERROR
     pair.owner_qp.post_recv(200)
     assert one(pair.owner_cq).status is WcStatus.WR_FLUSH_ERR
+
+
+def test_writes_landing_after_the_target_failed_are_not_completed(pair: Pair) -> None:
+    """The target's QP failed on an op of its own; the peer, not knowing yet, keeps
+    writing with immediates into receives that were flushed: they complete nowhere."""
+    for wr_id in range(3):
+        pair.owner_qp.post_recv(100 + wr_id)
+    pair.owner_qp.post_read(9, pair.target.sge(0, 8), pair.local.addr, pair.local.rkey + 99)
+    fill(pair, 0, b"late")
+    for wr_id in range(3):
+        try:
+            pair.qp.post_write_with_imm(
+                wr_id, pair.local.sge(0, 4), pair.target.addr, pair.target.rkey, wr_id
+            )
+        except RdmaError:
+            break  # the disconnect already reached this end
+    # Each receive completes once: with a write that landed before the failure (tcp's
+    # READ fails a round trip later), else flushed; in either queue order.
+    completions = {c.wr_id: c.status for c in drain(pair.owner_cq, 4)}
+    assert completions.pop(9) is WcStatus.REM_ACCESS_ERR
+    assert sorted(completions) == [100, 101, 102]
+    assert set(completions.values()) <= {WcStatus.SUCCESS, WcStatus.WR_FLUSH_ERR}
+    assert pair.owner_cq.poll(8, timeout=0.2) == []
+    assert pair.owner_qp.state is QpState.ERROR
 
 
 def test_send_queue_is_bounded(provider: str) -> None:

@@ -96,7 +96,12 @@ class RdmaEndpoint:
 
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
-            completions = self.cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
+            try:
+                completions = self.cq.poll(POLL_BATCH, timeout=THREAD_WAKE_SECONDS)
+            except Exception:  # a provider fault must not stop every queue pair for good
+                log.exception("%s: polling the completion queue failed", self.name)
+                self._stop.wait(THREAD_WAKE_SECONDS)
+                continue
             if not completions:
                 continue
             while not self._handoff.acquire(timeout=THREAD_WAKE_SECONDS):

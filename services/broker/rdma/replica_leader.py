@@ -62,6 +62,9 @@ from services.broker.storage.segment import LogSegment
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
+# A reply can free a credit before the completion of the push it answers is polled, so
+# the send queue holds twice the credits (and the CQ room for it).
+SEND_SLACK = 2
 MAX_BACKOFF_SHIFT = 4  # failed opens back off up to 16 x replica_fetch_backoff_ms
 HIGH_WATERMARK_PUSH = -1  # what an in-flight high watermark write expects back: any end
 _LAST_DELTA_AT = 23  # last_offset_delta in a batch header
@@ -327,7 +330,7 @@ class ReplicaLeader:
             channel.hw_out = self._pd.allocate(
                 channel.credits.limit * HIGH_WATERMARK.size, Access.LOCAL_WRITE
             )
-            caps = QpCaps(max_send_wr=credits, max_recv_wr=credits)
+            caps = QpCaps(max_send_wr=SEND_SLACK * credits, max_recv_wr=credits)
             qp = await asyncio.to_thread(
                 self._pd.connect, response.conn_info, self._cq, caps, timeout=CONNECT_TIMEOUT
             )

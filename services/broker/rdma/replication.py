@@ -22,7 +22,7 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.rdma.endpoint import RdmaEndpoint
 from services.broker.rdma.replica_follower import ReplicaFollower
-from services.broker.rdma.replica_leader import ReplicaLeader
+from services.broker.rdma.replica_leader import SEND_SLACK, ReplicaLeader
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
 
@@ -43,8 +43,8 @@ class RdmaReplication:
             "RDMA replication",
             settings,
             settings.rdma_replication_port,
-            QpCaps(max_send_wr=credits, max_recv_wr=credits),
-            min(MAX_WR, MAX_QUEUE_PAIRS * 2 * credits),
+            QpCaps(max_send_wr=SEND_SLACK * credits, max_recv_wr=credits),
+            min(MAX_WR, MAX_QUEUE_PAIRS * (SEND_SLACK + 1) * credits),
             self._accepted,
             self._completed,
         )
