@@ -86,14 +86,24 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    # Kafka's offsets topic wants three replicas; a smaller cluster gets what it has.
-    env = {**os.environ, "DIRECTLOG_OFFSETS_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3))}
+    # Kafka's offsets topic wants three replicas; a smaller cluster gets what it has. The
+    # RDMA datapaths are on (for topics with preallocate=true; the provider is auto: shm
+    # on one host), so directlog.client's rdma.* settings work against it.
+    env = {
+        **os.environ,
+        "DIRECTLOG_OFFSETS_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3)),
+        "DIRECTLOG_RDMA_PRODUCE": "true",
+        "DIRECTLOG_RDMA_CONSUME": "true",
+        "DIRECTLOG_RDMA_REPLICATION": "true",
+    }
     processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env) for c in commands]
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"
         f"  controllers (gRPC)              {','.join(controllers)}\n"
         f"  Kafka bootstrap servers         {','.join(brokers)}\n"
+        "  RDMA datapaths                  produce, consume, push replication "
+        "(topics with preallocate=true)\n"
         "  metrics                         "
         + ", ".join(
             f"http://127.0.0.1:{port}/metrics"
