@@ -263,6 +263,7 @@ class SoftCompletionQueue(CompletionQueue):
         self._rings: list[SoftQueuePair] = []
         self._reserved = 0
         self._lock = threading.Lock()
+        self._watched = False  # an event loop waits on the doorbell for good
 
     def check_room(self, caps: QpCaps) -> None:
         """QueueFullError unless a QP with ``caps`` fits (checked again by attach)."""
@@ -284,6 +285,17 @@ class SoftCompletionQueue(CompletionQueue):
         with self._lock:
             self._reserved -= caps.max_send_wr + caps.max_recv_wr
             self._rings = [r for r in self._rings if r is not qp]
+
+    def doorbell(self) -> int | None:
+        """The eventfd, rung for every completion from now on (a standing waiter)."""
+        if not self._watched:
+            self._watched = True
+            _atomics.fetch_add(self._control, ARMED_AT, 1)
+        return self.eventfd
+
+    def ring_heard(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.eventfd)
 
     def push(self, qp: SoftQueuePair, completion: WorkCompletion, send: bool) -> None:
         self._local.append((qp, completion, send))

@@ -261,6 +261,16 @@ class CompletionQueue(ABC):
         up to that many seconds for the first one, None waits as long as it takes. Waiting
         blocks (a doorbell or a condition), it does not spin."""
 
+    def doorbell(self) -> int | None:
+        """A file descriptor that turns readable whenever a completion is added, for an
+        event loop to wait on instead of a thread in ``poll`` (ibverbs' completion channel);
+        read ``ring_heard()`` before polling. None when the provider has none."""
+        return None
+
+    def ring_heard(self) -> None:
+        """Reset the doorbell (call when it turned readable, before polling)."""
+        raise NotImplementedError(f"{type(self).__name__} has no doorbell")
+
 
 class QueuePair(ABC):
     """One end of a reliable connection. Post from one thread at a time."""
