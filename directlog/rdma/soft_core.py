@@ -28,6 +28,7 @@ from directlog.rdma.verbs import (
     MAX_WR,
     Access,
     CompletionQueue,
+    Doorbell,
     InvalidWorkRequestError,
     MemoryRegion,
     Opcode,
@@ -286,14 +287,14 @@ class SoftCompletionQueue(CompletionQueue):
             self._reserved -= caps.max_send_wr + caps.max_recv_wr
             self._rings = [r for r in self._rings if r is not qp]
 
-    def doorbell(self) -> int | None:
+    def doorbell(self) -> Doorbell:
         """The eventfd, rung for every completion from now on (a standing waiter)."""
         if not self._watched:
             self._watched = True
             _atomics.fetch_add(self._control, ARMED_AT, 1)
-        return self.eventfd
+        return Doorbell(self.eventfd, self._heard)
 
-    def ring_heard(self) -> None:
+    def _heard(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.eventfd)
 

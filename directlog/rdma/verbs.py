@@ -25,6 +25,7 @@ import enum
 import json
 import mmap
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -261,15 +262,19 @@ class CompletionQueue(ABC):
         up to that many seconds for the first one, None waits as long as it takes. Waiting
         blocks (a doorbell or a condition), it does not spin."""
 
-    def doorbell(self) -> int | None:
-        """A file descriptor that turns readable whenever a completion is added, for an
-        event loop to wait on instead of a thread in ``poll`` (ibverbs' completion channel);
-        read ``ring_heard()`` before polling. None when the provider has none."""
+    def doorbell(self) -> Doorbell | None:
+        """What an event loop can wait on instead of a thread in ``poll`` (ibverbs'
+        completion channel); None when the provider has none."""
         return None
 
-    def ring_heard(self) -> None:
-        """Reset the doorbell (call when it turned readable, before polling)."""
-        raise NotImplementedError(f"{type(self).__name__} has no doorbell")
+
+@dataclass(frozen=True, slots=True)
+class Doorbell:
+    """``fd`` turns readable whenever a completion is added; call ``heard()`` when it did,
+    before polling, to reset it."""
+
+    fd: int
+    heard: Callable[[], None]
 
 
 class QueuePair(ABC):

@@ -324,14 +324,15 @@ def test_writes_landing_after_the_target_failed_are_not_completed(pair: Pair) ->
 
 def test_doorbell_turns_readable_on_each_completion(pair: Pair) -> None:
     """What an event loop waits on instead of a thread in poll()."""
-    fd = pair.owner_cq.doorbell()
-    assert fd is not None
+    doorbell = pair.owner_cq.doorbell()
+    assert doorbell is not None
+    fd = doorbell.fd
     assert select.select([fd], [], [], 0)[0] == []
     pair.owner_qp.post_recv(7)
     fill(pair, 0, b"ring")
     pair.qp.post_write_with_imm(1, pair.local.sge(0, 4), pair.target.addr, pair.target.rkey, 5)
     assert select.select([fd], [], [], 5)[0] == [fd]
-    pair.owner_cq.ring_heard()
+    doorbell.heard()
     (completion,) = pair.owner_cq.poll(4)
     assert (completion.wr_id, completion.imm_data) == (7, 5)
     assert select.select([fd], [], [], 0)[0] == []

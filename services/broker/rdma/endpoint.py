@@ -75,7 +75,7 @@ class RdmaEndpoint:
                 threading.Thread(target=self._poll_loop, name=f"{name}-poll", daemon=True)
             )
         else:
-            self._loop.add_reader(self._doorbell, self._rung)
+            self._loop.add_reader(self._doorbell.fd, self._rung)
         for thread in self._threads:
             thread.start()
         log.info("%s listening: %s", name, self.listener.conn_info.encode())
@@ -119,7 +119,8 @@ class RdmaEndpoint:
                 return
 
     def _rung(self) -> None:
-        self.cq.ring_heard()
+        assert self._doorbell is not None
+        self._doorbell.heard()
         self._drain()
 
     def _drain(self) -> None:
@@ -148,7 +149,7 @@ class RdmaEndpoint:
         dropped its queue pairs and memory regions first)."""
         self._stop.set()
         if self._doorbell is not None:
-            self._loop.remove_reader(self._doorbell)
+            self._loop.remove_reader(self._doorbell.fd)
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
         self.listener.close()
