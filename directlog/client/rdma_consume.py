@@ -10,9 +10,11 @@ read buffer until its last byte is read. When a sealed segment is read to its en
 consumer asks for the next one and releases the finished one.
 
 A READ the provider refuses (a segment revoked under it, as happens when the head rolls
-between the slot READ and a data READ) ends the queue pair; the consumer then connects a
-new one and asks again from the next offset it has not returned, so records are returned
-exactly once and in order. Other failures raise RdmaConsumeError.
+between the slot READ and a data READ) ends the queue pair, and a slot that stops reading
+whole (64 checksum failures in a row: not a torn read) is as good as lost; either way the
+consumer connects a new queue pair and asks again from the next offset it has not
+returned, so records are returned exactly once and in order. Other failures raise
+RdmaConsumeError.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class RdmaConsumeError(Exception):
 
 
 class _LostQueuePair(Exception):
-    """A READ failed: the queue pair is gone (the consumer reconnects)."""
+    """A READ failed, or the slot stopped reading whole: the consumer reconnects."""
 
 
 class RdmaConsumer:
@@ -275,7 +277,9 @@ class RdmaConsumer:
             slot = read_slot(self._slot.buf)
             if slot is not None:
                 return slot
-        raise await self._fail("the metadata slot never read whole")
+        # Not torn: the slot no longer holds what the grant said (freed under us). Start
+        # over from the position as after a lost queue pair; nothing is lost or repeated.
+        raise _LostQueuePair("the metadata slot never read whole")
 
     async def _read(self, wr_id: int, local: Sge, remote_addr: int, rkey: int) -> None:
         assert self._qp is not None
