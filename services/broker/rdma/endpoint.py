@@ -80,10 +80,6 @@ class RdmaEndpoint:
             thread.start()
         log.info("%s listening: %s", name, self.listener.conn_info.encode())
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
             try:

@@ -201,6 +201,11 @@ class RdmaProduce:
             held = self._grants.get(partition.tp)
             if held is None:
                 grant = self._new_grant(partition, request)
+                try:
+                    writer = self._add_writer(grant, request)
+                except BaseException:
+                    self._close(grant, "its first writer could not be added")
+                    raise
                 break
             if not held.shared or request.mode != SHARED:
                 kind = "a shared" if held.shared else "an exclusive"
@@ -211,9 +216,9 @@ class RdmaProduce:
             reserved = held.word.local_fetch_and_add(0, 0) & OFFSET_MASK
             if reserved + request.min_free <= held.region.length:
                 grant = held
+                writer = self._add_writer(grant, request)
                 break
             await self._seal(held)  # full: close it and start the next segment
-        writer = self._add_writer(grant, request)
         segment = grant.segment
         return RdmaAccessResponse(
             ErrorCode.NONE,
@@ -230,8 +235,6 @@ class RdmaProduce:
         )
 
     def _new_grant(self, partition: Partition, request: RdmaAccessRequest) -> Grant:
-        if len(self._writers) >= FILE_IDS - 1:
-            raise KafkaError(ErrorCode.INVALID_REQUEST, "no free RDMA file id")
         plog = partition.log
         if not plog.config.preallocate:
             raise KafkaError(
