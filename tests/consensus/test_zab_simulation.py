@@ -27,7 +27,7 @@ from services.consensus.zab import (
     zxid_counter,
     zxid_epoch,
 )
-from services.consensus.zab.messages import FollowerInfo, NewEpoch
+from services.consensus.zab.messages import Commit, FollowerInfo, Message, NewEpoch
 from services.consensus.zab.sync import common_prefix, epoch_ends
 from tests.consensus.zab_sim import SimConfig, Simulation, run_seed
 
@@ -173,6 +173,41 @@ def test_follower_forwards_and_reports_commit() -> None:
     sim.run_until(lambda: all(len(sim.applied[i]) == 1 for i in sim.ids), max_ticks=50)
 
 
+def test_follower_commits_on_the_leaders_durable_ack_alone() -> None:
+    """Three members: a follower commits what it and the leader both made durable, and
+    the leader sends it no Commit for that."""
+    sim = Simulation(4, _calm())
+    sim.run_until(lambda: sim.leader() is not None)
+    lead = sim.leader()
+    follower = next(i for i in sim.ids if i != lead)
+    commits_to_followers = 0
+    send = sim._send
+
+    def counting(src: int, dst: int, message: Message) -> None:
+        nonlocal commits_to_followers
+        commits_to_followers += isinstance(message, Commit) and src == lead
+        send(src, dst, message)
+
+    sim._send = counting  # type: ignore[method-assign]
+    for _ in range(5):
+        assert isinstance(sim.propose(follower), Accepted)
+    sim.run_until(lambda: all(len(sim.applied[i]) == 5 for i in sim.ids), max_ticks=50)
+    assert len(sim.acknowledged) == 5
+    assert sim.stats["inferred"] > 0
+    assert commits_to_followers == 0
+
+
+@pytest.mark.parametrize(("nodes", "quorum"), [(3, "all"), (5, "majority")])
+def test_no_inferred_commits_when_a_pair_is_no_quorum(nodes: int, quorum: QuorumMode) -> None:
+    sim = Simulation(4, _calm(nodes, quorum))
+    sim.run_until(lambda: sim.leader() is not None)
+    follower = next(i for i in sim.ids if i != sim.leader())
+    for _ in range(5):
+        assert isinstance(sim.propose(follower), Accepted)
+    sim.run_until(lambda: all(len(sim.applied[i]) == 5 for i in sim.ids), max_ticks=50)
+    assert sim.stats["inferred"] == 0
+
+
 def test_leader_pipelines_and_commits_in_order() -> None:
     sim = Simulation(5, _calm())
     sim.run_until(lambda: sim.leader() is not None)
@@ -314,7 +349,7 @@ def test_regression_seeds(seed: int, config: SimConfig) -> None:
 def test_simulation_seeds(variant: str) -> None:
     seeds, config = VARIANTS[variant]
     started = time.monotonic()
-    commits = elections = snaps = 0
+    commits = elections = snaps = inferred = 0
     for seed in seeds:
         try:
             sim = run_seed(seed, config)
@@ -323,10 +358,14 @@ def test_simulation_seeds(variant: str) -> None:
         commits += sim.stats["commits"]
         elections += sim.stats["elections"]
         snaps += sim.stats["snaps"]
+        inferred += sim.stats["inferred"]
     # Guard against a vacuous pass: the runs must make real progress through faults.
     assert commits > 50 * len(seeds), commits
     assert elections > len(seeds), elections
     if config.compact_prob:
         assert snaps > len(seeds), snaps  # SNAP syncs that carried a real snapshot
+    # Followers commit on the leader's own Ack exactly when the two make a quorum.
+    pair_quorum = config.nodes == 3 and config.quorum == "majority"
+    assert (inferred > len(seeds)) if pair_quorum else (inferred == 0), inferred
     elapsed = time.monotonic() - started
     print(f"{variant}: {len(seeds)} seeds, {commits} commits, {snaps} snapshots, {elapsed:.1f}s")

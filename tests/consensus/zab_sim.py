@@ -40,6 +40,7 @@ from services.consensus.zab import (
     Snapshot,
     zxid_epoch,
 )
+from services.consensus.zab.messages import Ack
 
 Link = tuple[int, int]
 
@@ -130,7 +131,14 @@ class Simulation:
         self._requests: dict[tuple[int, int, int], bytes] = {}
         self._incarnation = dict.fromkeys(self.ids, 0)
         self._payloads = 0
-        self.stats = {"commits": 0, "crashes": 0, "resets": 0, "elections": 0, "snaps": 0}
+        self.stats = {
+            "commits": 0,
+            "crashes": 0,
+            "resets": 0,
+            "elections": 0,
+            "snaps": 0,
+            "inferred": 0,  # a follower's commit point moved on the leader's own Ack
+        }
         for i in self.ids:
             self._start(i)
 
@@ -296,7 +304,11 @@ class Simulation:
             node = self.nodes[event.dst]
             if node is None or link in self._broken or self._gen.get(link, 0) != event.gen:
                 continue
+            before = node.commit_zxid
             node.step(event.message)
+            following = node.role == ServerState.FOLLOWING
+            if following and isinstance(event.message, Ack) and node.commit_zxid > before:
+                self.stats["inferred"] += 1
             self._drain(event.dst)
 
     # ---------------------------------------------------------------- disks
