@@ -447,4 +447,9 @@ def test_leadership_moving_away_revokes_slots(replicated, clients, topic_name):
                     break
         stopping.join()
     assert seen and seen[0].mutable and not seen[0].revoked
-    assert seen[-1].revoked and seen[-1].readable_end == 0
+    if seen[-1].revoked:
+        assert seen[-1].readable_end == 0
+    else:
+        # The revocation and the end of the stop can fall between two READs: the queue pair
+        # then fails first, and the broker's log is where the revocation shows.
+        assert "revoked: leadership moved" in leader.stderr_text(), leader.stderr_tail()
