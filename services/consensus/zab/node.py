@@ -764,21 +764,15 @@ class Node:
         self._role_change(True)
         self._maybe_commit()
 
-    def _propose(self, request: bytes, first: int | None = None) -> int:
-        """Log and broadcast a write; the follower ``first``, which forwarded it and has a
-        client waiting, is sent it before the others."""
+    def _propose(self, request: bytes) -> int:
         zxid = self.next_zxid
         assert zxid_counter(zxid) <= COUNTER_MASK and zxid_epoch(zxid) == self.epoch, "epoch full"
         payload = request if self._prepare is None else self._prepare(zxid, request)
         entry = LogEntry(zxid, payload)
         self._append(entry)
         proposal = Proposal(self.id, self.epoch, entry)
-        forwarder = self._sessions.get(first) if first is not None else None
-        if forwarder is not None and forwarder.newleader_sent:
-            assert first is not None
-            self._send(first, proposal)
         for peer, s in self._sessions.items():
-            if s.newleader_sent and peer != first:
+            if s.newleader_sent:
                 self._send(peer, proposal)
         return entry.zxid
 
