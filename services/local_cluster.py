@@ -2,7 +2,8 @@
 
 Three consensus members (clients on 127.0.0.1:2181-2183), two controllers (the active one
 and a standby, gRPC on 127.0.0.1:9190-9191) and ``--brokers`` brokers (Kafka on
-127.0.0.1:9092 and up), each its own process with its data under ``--data-dir``. Ctrl-C,
+127.0.0.1:9092 and up), each its own process with its data under ``--data-dir``. The
+members start first, the others once the ensemble serves. Ctrl-C,
 SIGINT or SIGTERM stops them all; if any of them exits, the others are stopped too and the
 exit code says so.
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from services.consensus.fourletter import ask
+
 CONSENSUS_MEMBERS = 3
 CONTROLLERS = 2
 CONTROLLER_PORT = 9190
@@ -26,6 +29,7 @@ CONTROLLER_METRICS_PORT = 9390
 BROKER_PORT = 9092
 BROKER_METRICS_PORT = 9308
 MAX_BROKERS = 9
+ENSEMBLE_WAIT = 60.0  # seconds the others wait for the ensemble to serve, then start anyway
 
 
 def consensus_config(data_dir: Path) -> Path:
@@ -42,6 +46,14 @@ def consensus_config(data_dir: Path) -> Path:
     config = {"members": members, "data_dir": str((data_dir / "consensus").resolve())}
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
+
+
+def serving(port: int) -> bool:
+    """The consensus member on ``port`` serves clients (``srvr`` names its mode)."""
+    try:
+        return "Mode: " in ask(port, "srvr", timeout=1.0)
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +108,20 @@ def main(argv: list[str] | None = None) -> None:
         "DIRECTLOG_RDMA_CONSUME": "true",
         "DIRECTLOG_RDMA_REPLICATION": "true",
     }
-    processes = [subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env) for c in commands]
+    processes = [
+        subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env) for c in commands[:CONSENSUS_MEMBERS]
+    ]
+    # The controllers start once the ensemble serves, so their first connections succeed.
+    deadline = time.monotonic() + ENSEMBLE_WAIT
+    while not stopping and time.monotonic() < deadline and all(p.poll() is None for p in processes):
+        if all(serving(2180 + i) for i in range(1, CONSENSUS_MEMBERS + 1)):
+            break
+        time.sleep(0.1)
+    if not stopping:
+        processes += [
+            subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env)
+            for c in commands[CONSENSUS_MEMBERS:]
+        ]
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"

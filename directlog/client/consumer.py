@@ -9,6 +9,11 @@ records as real confluent_kafka.Message objects, and the offsets handed out are 
 committed through librdkafka as its own would be. A partition whose leader refuses RDMA
 access is resumed in librdkafka and read over TCP from the same offset.
 
+``seek``, ``pause`` and ``resume`` act on the RDMA reader of a partition read over RDMA (a
+paused partition is not read at all; it resumes from the next offset not handed out), and
+on librdkafka for the others. Every other method is confluent's own, so what it assigns
+(``incremental_assign``) is read over TCP.
+
 Rebalances: the eager protocols (range, roundrobin); cooperative assignment over RDMA is
 not built.
 """
@@ -61,9 +66,11 @@ class Consumer:
             config["enable.auto.offset.store"] = False  # we store what RDMA hands out
         self._tcp = confluent_kafka.Consumer(config)
         self._loop = LoopThread("directlog-consumer") if self._rdma.consume else None
-        self._readers: dict[tuple[str, int], _Reader] = {}
+        self._readers: dict[tuple[str, int], _Reader] = {}  # reading now, over RDMA
         self._positions: dict[tuple[str, int], int] = {}  # next offset handed out
-        self._messages: queue.Queue[Message] = queue.Queue(QUEUED_MESSAGES)
+        self._paused: set[tuple[str, int]] = set()  # read over RDMA, paused by the application
+        # What readers read ahead, with the reader: one no longer in _readers is stale.
+        self._messages: queue.Queue[tuple[_Reader, Message]] = queue.Queue(QUEUED_MESSAGES)
         self._pausing: list[TopicPartition] = []  # assigned, not yet paused in librdkafka
         self._over_tcp: set[tuple[str, int]] = set()  # refused RDMA: librdkafka reads them
 
@@ -121,8 +128,7 @@ class Consumer:
         for start in starts:
             key = (start.topic, start.partition)
             self._positions[key] = start.offset
-            reader = self._readers[key] = _Reader(start.topic, start.partition)
-            self._loop.loop.call_soon_threadsafe(self._start_reader, reader, start.offset)
+            self._read_from(key, start.offset)
 
     def _pause_assigned(self) -> None:
         """Pause the partitions read over RDMA once librdkafka has them (an assign made in
@@ -163,6 +169,7 @@ class Consumer:
             self._loop.call(self._cancel_readers(list(self._readers.values())), 30)
         self._readers.clear()
         self._positions.clear()
+        self._paused.clear()
         self._over_tcp.clear()
         self._pausing = []
         while True:  # records read ahead for partitions no longer ours
@@ -170,6 +177,59 @@ class Consumer:
                 self._messages.get_nowait()
             except queue.Empty:
                 break
+
+    def _over_rdma(self, key: tuple[str, int]) -> bool:
+        """Assigned here and read over RDMA (not refused by its leader)."""
+        return self._loop is not None and key in self._positions and key not in self._over_tcp
+
+    def _read_from(self, key: tuple[str, int], offset: int) -> None:
+        """(Re)start the RDMA reader of ``key`` at ``offset``; what an earlier reader read
+        ahead is dropped by ``poll``."""
+        assert self._loop is not None
+        self._stop_reader(key)
+        reader = self._readers[key] = _Reader(*key)
+        self._loop.loop.call_soon_threadsafe(self._start_reader, reader, offset)
+
+    def _stop_reader(self, key: tuple[str, int]) -> None:
+        reader = self._readers.pop(key, None)
+        if reader is not None and self._loop is not None:
+            self._loop.call(self._cancel_readers([reader]), 30)
+
+    def seek(self, partition: TopicPartition) -> None:
+        """As confluent's: the next record handed out for the partition is at the offset
+        (OFFSET_BEGINNING and OFFSET_END included)."""
+        key = (partition.topic, partition.partition)
+        if not self._over_rdma(key):
+            self._tcp.seek(partition)
+            return
+        offset = self._start_offset(partition)
+        self._positions[key] = offset
+        if key not in self._paused:
+            self._read_from(key, offset)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        over_tcp = []
+        for partition in partitions:
+            key = (partition.topic, partition.partition)
+            if self._over_rdma(key):
+                self._paused.add(key)
+                self._stop_reader(key)
+            else:
+                over_tcp.append(partition)
+        if over_tcp:
+            self._tcp.pause(over_tcp)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        over_tcp = []
+        for partition in partitions:
+            key = (partition.topic, partition.partition)
+            if key in self._paused:
+                self._paused.discard(key)
+                self._read_from(key, self._positions[key])
+            elif not self._over_rdma(key):  # librdkafka must never fetch an RDMA partition
+                over_tcp.append(partition)
+        if over_tcp:
+            self._tcp.resume(over_tcp)
 
     # Consuming -------------------------------------------------------------------------
 
@@ -188,14 +248,14 @@ class Consumer:
                 return message
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             try:
-                message = self._messages.get(timeout=max(0.0, min(remaining, 0.005)))
+                reader, message = self._messages.get(timeout=max(0.0, min(remaining, 0.005)))
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            key = (str(message.topic()), int(message.partition() or 0))
-            if key not in self._readers:
-                continue  # read before its partition was revoked
+            key = (reader.topic, reader.partition)
+            if self._readers.get(key) is not reader:
+                continue  # read before its partition was revoked, paused or sought
             if message.error() is None:
                 following = int(message.offset() or 0) + 1
                 self._positions[key] = following
@@ -259,6 +319,13 @@ class Consumer:
     def store_offsets(self, *args: Any, **kwargs: Any) -> None:
         self._tcp.store_offsets(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything not defined here is confluent's own (memberid, offsets_for_times,
+        incremental_assign, ...)."""
+        if name == "_tcp":  # not set yet: __init__ failed before it
+            raise AttributeError(name)
+        return getattr(self._tcp, name)
+
     def close(self) -> None:
         """Stop reading, then close as confluent's does (committing stored offsets when
         enable.auto.commit is on)."""
@@ -309,21 +376,17 @@ class Consumer:
                     )
                     while True:
                         try:
-                            self._messages.put_nowait(message)
+                            self._messages.put_nowait((reader, message))
                             break
                         except queue.Full:
                             await asyncio.sleep(0.001)
         except RdmaConsumeError as error:
             log.error("%s-%d: RDMA consume failed: %s", reader.topic, reader.partition, error)
-            self._messages.put(
-                Message(
-                    topic=reader.topic,
-                    partition=reader.partition,
-                    error=confluent_kafka.KafkaError(
-                        error.code or confluent_kafka.KafkaError._TRANSPORT, str(error)
-                    ),
-                )
+            failure = confluent_kafka.KafkaError(
+                error.code or confluent_kafka.KafkaError._TRANSPORT, str(error)
             )
+            message = Message(topic=reader.topic, partition=reader.partition, error=failure)
+            self._messages.put((reader, message))
         finally:
             await rdma.close()
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
 from directlog.client import Consumer, Producer, TopicPartition
 from tests.e2e.broker import BrokerProcess
@@ -143,6 +143,54 @@ def test_consumer_reads_over_rdma_in_a_group_and_commits(rdma_broker, clients: C
         (m.partition(), m.offset()) for m in rest
     }
     assert seen == {(p, o) for p, records in sent.items() for o, _ in records}
+
+
+def test_consumer_seeks_pauses_and_resumes_over_rdma(rdma_broker, clients: Clients, topic_name):
+    broker, provider = rdma_broker
+    topic = topic_name("s")
+    clients.create_topic(broker.bootstrap, topic, config=PREALLOCATED)
+    reports = clients.produce_all(clients.producer(broker.bootstrap), topic, keyed(100, "s"))
+    sent = by_partition(reports)[0]
+    consumer = Consumer(
+        config(
+            broker.bootstrap,
+            **{
+                "group.id": f"seek-{topic}",
+                "enable.auto.commit": False,
+                "rdma.consume": True,
+                "rdma.provider": provider,
+            },
+        )
+    )
+    tp = TopicPartition(topic, 0)
+
+    def take(count: int) -> list[tuple[int, bytes]]:
+        return [(m.offset(), m.value()) for m in clients.consume(consumer, count, timeout=30)]
+
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        assert take(10) == sent[:10]
+        consumer.pause([tp])
+        assert consumer.poll(1.0) is None  # paused: nothing handed out, read-ahead dropped
+        assert consumer.position([tp])[0].offset == 10
+        consumer.resume([tp])
+        assert take(10) == sent[10:20]
+        consumer.seek(TopicPartition(topic, 0, 5))
+        assert consumer.position([tp])[0].offset == 5
+        assert take(3) == sent[5:8]
+        consumer.seek(TopicPartition(topic, 0, OFFSET_BEGINNING))
+        assert take(2) == sent[:2]
+        consumer.pause([tp])
+        consumer.seek(TopicPartition(topic, 0, 50))  # while paused: takes effect on resume
+        assert consumer.poll(0.5) is None
+        consumer.resume([tp])
+        assert take(50) == sent[50:]
+        assert consumer.poll(0.5) is None
+        assert consumer.consumer_group_metadata() is not None  # confluent's own, delegated
+    finally:
+        consumer.close()
+    # librdkafka fetched nothing of the topic, whatever was paused and resumed.
+    assert not broker.sample("directlog_broker_records_out_total", topic=topic)
 
 
 def test_producer_and_consumer_fall_back_to_tcp(module_broker, clients: Clients, topic_name):
