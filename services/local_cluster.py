@@ -108,9 +108,12 @@ def main(argv: list[str] | None = None) -> None:
         "DIRECTLOG_RDMA_CONSUME": "true",
         "DIRECTLOG_RDMA_REPLICATION": "true",
     }
-    processes = [
-        subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env) for c in commands[:CONSENSUS_MEMBERS]
-    ]
+
+    def start(command: list[str]) -> subprocess.Popen[bytes]:
+        # In a process group of its own: Ctrl-C reaches only us, and we stop them in order.
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, process_group=0)
+
+    processes = [start(c) for c in commands[:CONSENSUS_MEMBERS]]
     # The controllers start once the ensemble serves, so their first connections succeed.
     deadline = time.monotonic() + ENSEMBLE_WAIT
     while not stopping and time.monotonic() < deadline and all(p.poll() is None for p in processes):
@@ -118,10 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             break
         time.sleep(0.1)
     if not stopping:
-        processes += [
-            subprocess.Popen(c, stdin=subprocess.DEVNULL, env=env)
-            for c in commands[CONSENSUS_MEMBERS:]
-        ]
+        processes += [start(c) for c in commands[CONSENSUS_MEMBERS:]]
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"
@@ -147,16 +147,24 @@ def main(argv: list[str] | None = None) -> None:
     while not stopping and failed is None:
         time.sleep(0.2)
         failed = next((p for p in processes if p.poll() is not None), None)
-    for p in processes:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in processes:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    if failed is not None and not stopping:  # on Ctrl-C the children stop on their own
+    # Brokers first, then controllers, then the ensemble they use: nothing loses what it
+    # depends on while it shuts down.
+    services = CONSENSUS_MEMBERS + CONTROLLERS
+    for tier in (
+        processes[services:],
+        processes[CONSENSUS_MEMBERS:services],
+        processes[:CONSENSUS_MEMBERS],
+    ):
+        for p in tier:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in tier:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    if failed is not None and not stopping:
         name = " ".join(str(a) for a in commands[processes.index(failed)][2:5])
         sys.exit(f"local cluster: {name} exited with {failed.returncode}")
 

@@ -272,14 +272,16 @@ class Controller:
             self._campaign_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._campaign_task
-        self.step_down("stopping")
+        self.step_down("stopping", planned=True)
         await self.store.stop()
 
-    def step_down(self, reason: str) -> None:
+    def step_down(self, reason: str, *, planned: bool = False) -> None:
+        """End our term; a ``planned`` end (we are stopping) is no news worth a warning."""
         term, self.term = self.term, None
         if term is None:
             return
-        log.warning("no longer the active controller (epoch %d): %s", term.record.epoch, reason)
+        level = logging.INFO if planned else logging.WARNING
+        log.log(level, "no longer the active controller (epoch %d): %s", term.record.epoch, reason)
         term.end()
         self.metrics.active.set(0)
         self._wake.set()
@@ -375,7 +377,7 @@ class Controller:
         try:
             await term.ended.wait()
         finally:
-            self.step_down("stopping")
+            self.step_down("stopping", planned=True)
             await self.store.resign(won.epoch_version)
 
     def _on_session(self, state: str) -> None:
