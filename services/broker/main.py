@@ -137,7 +137,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         apis.rdma_replication = RdmaReplication(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma_replication.leadership_changed)
     if settings.rdma_consume:
-        apis.rdma_reads = RdmaConsume(settings, replicas)
+        apis.rdma_reads = RdmaConsume(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma_reads.leadership_changed)
     server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
     port = server.listen(settings.host, settings.port)

@@ -64,6 +64,28 @@ class BrokerMetrics:
             "RDMA produce grants revoked for a fault (a hole, a bad write, a dead writer)",
             registry=r,
         )
+        # RDMA consume (services/broker/rdma/consume.py); the gauges read its state when
+        # scraped (set_function).
+        self.rdma_consumers = Gauge(
+            "directlog_broker_rdma_consumers", "RDMA consumers known to this broker", registry=r
+        )
+        self.rdma_consume_registrations = Gauge(
+            "directlog_broker_rdma_consume_registrations",
+            "Segments registered for RDMA consumers' one-sided reads",
+            registry=r,
+        )
+        self.rdma_slot_writes = Counter(
+            "directlog_broker_rdma_consume_slot_writes",
+            "Metadata slot rewrites for RDMA consumers (high watermark moves, seals, revocations)",
+            ["topic"],
+            registry=r,
+        )
+        self.rdma_consume_revocations = Counter(
+            "directlog_broker_rdma_consume_revocations",
+            "Segment registrations revoked under RDMA consumers (leadership moves, retention, "
+            "truncation, stopping)",
+            registry=r,
+        )
         self.bytes_out = Counter(
             "directlog_broker_bytes_out", "Record bytes sent to fetchers", ["topic"], registry=r
         )

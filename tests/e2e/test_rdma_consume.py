@@ -114,6 +114,39 @@ def test_records_come_back_in_order(rdma_broker, clients, topic_name):
     assert all(r.timestamp > 0 for r in records)
 
 
+def test_metrics_count_consumers_registrations_and_slot_writes(rdma_broker, clients, topic_name):
+    broker, provider = rdma_broker
+    topic = topic_name("metrics")
+    clients.create_topic(broker.bootstrap, topic, config=PREALLOCATED)
+    produce(clients, broker.bootstrap, topic, 0, 20)
+    consumers = broker.sample("directlog_broker_rdma_consumers")
+    registrations = broker.sample("directlog_broker_rdma_consume_registrations")
+    assert consumers is not None and registrations is not None
+
+    async def run() -> None:
+        async with RdmaConsumer(broker.bootstrap, topic, 0, 0, provider=provider) as consumer:
+            assert triples(await poll_until(consumer, 20)) == expected(0, 20)
+            assert broker.sample("directlog_broker_rdma_consumers") == consumers + 1
+            assert broker.sample("directlog_broker_rdma_consume_registrations") == (
+                registrations + 1
+            )
+            writes = broker.sample("directlog_broker_rdma_consume_slot_writes_total", topic=topic)
+            assert writes is not None and writes >= 1
+            produce(clients, broker.bootstrap, topic, 20, 5)  # the high watermark moves
+            assert triples(await poll_until(consumer, 5)) == expected(20, 5)
+            later = broker.sample("directlog_broker_rdma_consume_slot_writes_total", topic=topic)
+            assert later is not None and later > writes
+
+    asyncio.run(run())
+    # Closed: once the broker sees the queue pair go, the consumer is gone and nothing
+    # holds the segment registered any more.
+    deadline = time.monotonic() + 10
+    while broker.sample("directlog_broker_rdma_consumers") != consumers:
+        assert time.monotonic() < deadline, "the closed consumer is still counted"
+        time.sleep(0.05)
+    assert broker.sample("directlog_broker_rdma_consume_registrations") == registrations
+
+
 def test_a_lost_queue_pair_is_replaced_without_losing_or_repeating(
     rdma_broker, clients, topic_name
 ):

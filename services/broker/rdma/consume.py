@@ -33,6 +33,7 @@ import secrets
 import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import Any
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.rdma_consume import (
@@ -57,6 +58,7 @@ from directlog.rdma import (
     WorkCompletion,
 )
 from directlog.topics import TopicPartition
+from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.rdma.endpoint import RdmaEndpoint
 from services.broker.replica_manager import ReplicaManager
@@ -124,9 +126,13 @@ class Consumer:
 class RdmaConsume:
     """Grants segments to RDMA consumers and keeps their metadata slots current."""
 
-    def __init__(self, settings: BrokerSettings, replicas: ReplicaManager) -> None:
+    def __init__(
+        self, settings: BrokerSettings, replicas: ReplicaManager, metrics: BrokerMetrics
+    ) -> None:
         self.settings = settings
         self.replicas = replicas
+        self.metrics = metrics
+        self._slot_writes: dict[str, Any] = {}  # topic -> its labelled counter
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         max_qps = settings.rdma_consume_max_consumers + 16  # room for unbound queue pairs
@@ -147,6 +153,10 @@ class RdmaConsume:
         self._qps: dict[int, QueuePair] = {}
         self._bound: dict[int, Consumer] = {}  # qp_num -> the consumer it named
         self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
+        metrics.rdma_consumers.set_function(lambda: len(self._consumers))
+        metrics.rdma_consume_registrations.set_function(
+            lambda: sum(len(accesses) for accesses in self._accesses.values())
+        )
 
     @property
     def connect_timeout(self) -> float:
@@ -350,6 +360,11 @@ class RdmaConsume:
                 region.length,
             )
             write_slot(consumer.slots.buf, holding.slot * SLOT_SIZE, slot)
+        topic = access.tp.topic
+        writes = self._slot_writes.get(topic)
+        if writes is None:
+            writes = self._slot_writes[topic] = self.metrics.rdma_slot_writes.labels(topic)
+        writes.inc(len(slotted))
 
     # Log listener (services/broker/storage/log.py LogListener) -------------------------
 
@@ -397,6 +412,7 @@ class RdmaConsume:
         self._forget(access)
         access.region.deregister()
         self._update_slots(access)
+        self.metrics.rdma_consume_revocations.inc()
         log.info("%s: RDMA reads of segment %d revoked: %s", access.tp, access.key[1], reason)
 
     def _forget(self, access: SegmentAccess) -> None:
