@@ -6,8 +6,10 @@ fetching: group membership and rebalances, committed offsets, watermarks, metada
 and an RdmaConsumer on the loop thread reads it one-sidedly from the leader's segments
 (``rdma.read.size`` bytes per READ, 2 KiB by default); ``poll``/``consume`` hand out its
 records as real confluent_kafka.Message objects, and the offsets handed out are stored and
-committed through librdkafka as its own would be. A partition whose leader refuses RDMA
-access is resumed in librdkafka and read over TCP from the same offset.
+committed through librdkafka as its own would be. When leadership moves, the reader finds
+the new leader and goes on over RDMA; a partition whose leader refuses RDMA access (or
+none answers for FOLLOW_SECONDS) is resumed in librdkafka and read over TCP from the same
+offset.
 
 ``seek``, ``pause`` and ``resume`` act on the RDMA reader of a partition read over RDMA (a
 paused partition is not read at all; it resumes from the next offset not handed out), and
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 QUEUED_MESSAGES = 10000  # read ahead of the application at most, over all partitions
 READ_WAIT = 0.05  # how long one reader poll waits for new records
+FOLLOW_SECONDS = 10.0  # how long a reader looks for a partition's new leader over RDMA
+FOLLOW_RETRY_SECONDS = 0.2
 
 
 @dataclass(eq=False, slots=True)
@@ -341,54 +345,84 @@ class Consumer:
         reader.task = asyncio.get_running_loop().create_task(self._read(reader, offset))
 
     async def _read(self, reader: _Reader, offset: int) -> None:
-        """Read one partition over RDMA into the message queue; over TCP if refused."""
-        tp = TopicPartition(reader.topic, reader.partition, offset)
-        try:
-            address = await asyncio.to_thread(
-                leader_address, self._tcp, reader.topic, reader.partition, self._timeout
-            )
-            rdma = RdmaConsumer(
-                address,
-                reader.topic,
-                reader.partition,
-                offset,
-                provider=self._rdma.provider,
-                read_size=self._rdma.read_size,
-            )
-            await rdma.start()
-        except (RdmaConsumeError, KafkaException, OSError) as error:
-            log.warning("%s-%d: consuming over TCP: %s", reader.topic, reader.partition, error)
-            self._over_tcp.add((reader.topic, reader.partition))
-            await self._resume_over_tcp(tp)
-            return
-        try:
-            while True:
-                for record in await rdma.poll(READ_WAIT):
-                    message = Message(
-                        topic=reader.topic,
-                        partition=reader.partition,
-                        offset=record.offset,
-                        key=record.key,
-                        value=record.value,
-                        headers=[(h.key, h.value) for h in record.headers] or None,
-                        timestamp=(confluent_kafka.TIMESTAMP_CREATE_TIME, record.timestamp),
-                        error=None,
+        """Read one partition over RDMA into the message queue, following its leader when
+        leadership moves (or the leader goes away); over TCP when a leader refuses RDMA or
+        none can be reached for ``FOLLOW_SECONDS``."""
+        following_until: float | None = None  # set while looking for a new leader
+        while True:
+            try:
+                rdma = await self._open(reader, offset)
+            except (RdmaConsumeError, KafkaException, OSError) as error:
+                retriable = not isinstance(error, RdmaConsumeError) or error.retriable
+                following = following_until is not None and time.monotonic() < following_until
+                if retriable and following:
+                    await asyncio.sleep(FOLLOW_RETRY_SECONDS)
+                    continue
+                log.warning("%s-%d: consuming over TCP: %s", reader.topic, reader.partition, error)
+                self._over_tcp.add((reader.topic, reader.partition))
+                await self._resume_over_tcp(TopicPartition(reader.topic, reader.partition, offset))
+                return
+            try:
+                await self._hand_out(reader, rdma)
+            except RdmaConsumeError as error:
+                if not error.retriable:
+                    log.error(
+                        "%s-%d: RDMA consume failed: %s", reader.topic, reader.partition, error
                     )
-                    while True:
-                        try:
-                            self._messages.put_nowait((reader, message))
-                            break
-                        except queue.Full:
-                            await asyncio.sleep(0.001)
-        except RdmaConsumeError as error:
-            log.error("%s-%d: RDMA consume failed: %s", reader.topic, reader.partition, error)
-            failure = confluent_kafka.KafkaError(
-                error.code or confluent_kafka.KafkaError._TRANSPORT, str(error)
-            )
-            message = Message(topic=reader.topic, partition=reader.partition, error=failure)
-            self._messages.put((reader, message))
-        finally:
-            await rdma.close()
+                    failure = confluent_kafka.KafkaError(
+                        error.code or confluent_kafka.KafkaError._TRANSPORT, str(error)
+                    )
+                    message = Message(topic=reader.topic, partition=reader.partition, error=failure)
+                    self._messages.put((reader, message))
+                    return
+                offset = rdma.position
+                log.info(
+                    "%s-%d: %s; reading from the leader now, at offset %d",
+                    reader.topic,
+                    reader.partition,
+                    error,
+                    offset,
+                )
+                following_until = time.monotonic() + FOLLOW_SECONDS
+            finally:
+                await rdma.close()
+
+    async def _open(self, reader: _Reader, offset: int) -> RdmaConsumer:
+        """An RdmaConsumer on the partition's leader (as metadata names it now)."""
+        address = await asyncio.to_thread(
+            leader_address, self._tcp, reader.topic, reader.partition, self._timeout
+        )
+        rdma = RdmaConsumer(
+            address,
+            reader.topic,
+            reader.partition,
+            offset,
+            provider=self._rdma.provider,
+            read_size=self._rdma.read_size,
+        )
+        await rdma.start()
+        return rdma
+
+    async def _hand_out(self, reader: _Reader, rdma: RdmaConsumer) -> None:
+        """Queue what ``rdma`` reads as confluent Messages, until it fails."""
+        while True:
+            for record in await rdma.poll(READ_WAIT):
+                message = Message(
+                    topic=reader.topic,
+                    partition=reader.partition,
+                    offset=record.offset,
+                    key=record.key,
+                    value=record.value,
+                    headers=[(h.key, h.value) for h in record.headers] or None,
+                    timestamp=(confluent_kafka.TIMESTAMP_CREATE_TIME, record.timestamp),
+                    error=None,
+                )
+                while True:
+                    try:
+                        self._messages.put_nowait((reader, message))
+                        break
+                    except queue.Full:
+                        await asyncio.sleep(0.001)
 
     async def _resume_over_tcp(self, tp: TopicPartition) -> None:
         """Let librdkafka fetch ``tp`` from ``tp.offset``: seek (refused until it holds

@@ -71,12 +71,28 @@ MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in bet
 BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
 
 
-class RdmaConsumeError(Exception):
-    """RDMA consume failed; ``code`` is the broker's Kafka error code when it gave one."""
+# The leader moved (or is moving): another broker serves the partition now.
+LEADER_MOVED = frozenset(
+    {
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+
+class RdmaConsumeError(Exception):
+    """RDMA consume failed; ``code`` is the broker's Kafka error code when it gave one.
+    ``retriable``: the leader moved or could not be reached, so reading again from the
+    partition's (new) leader may work; otherwise the data or this host is at fault."""
+
+    def __init__(
+        self, message: str, code: int | None = None, *, retriable: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.retriable = code in LEADER_MOVED if retriable is None else retriable
 
 
 class _LostQueuePair(Exception):
@@ -106,7 +122,8 @@ class RdmaConsumer:
         host, _, port = leader.rpartition(":")
         self._host, self._port = host, int(port)
         self.topic, self.partition = topic, partition
-        self.position = offset  # the offset of the next record poll returns
+        self._decoded = offset  # the offset after the last record decoded
+        self._ready: list[Record] = []  # decoded, not yet returned (a failed poll keeps them)
         self._provider = provider
         self._read_size = read_size
         self._max_poll_bytes = max_poll_bytes
@@ -142,13 +159,19 @@ class RdmaConsumer:
             self._connection = await KafkaConnection.connect(self._host, self._port, self._timeout)
         except OSError as error:
             await self.close()
-            raise RdmaConsumeError(f"leader {self._host}:{self._port}: {error}") from error
+            message = f"leader {self._host}:{self._port}: {error}"
+            raise RdmaConsumeError(message, retriable=True) from error
         await self._connect()
 
     @property
     def base_offset(self) -> int:
         """Base offset of the segment being read."""
         return self._grant.base_offset
+
+    @property
+    def position(self) -> int:
+        """The offset of the next record ``poll`` returns."""
+        return self._ready[0].offset if self._ready else self._decoded
 
     @property
     def readable_end(self) -> int:
@@ -171,7 +194,8 @@ class RdmaConsumer:
                 self._reconnects += 1
                 if self._reconnects > MAX_RECONNECTS:
                     await self.close()
-                    raise RdmaConsumeError(f"RDMA reads keep failing: {lost}") from None
+                    message = f"RDMA reads keep failing: {lost}"
+                    raise RdmaConsumeError(message, retriable=True) from None
                 await self._connect()
                 continue
             if records:
@@ -188,11 +212,10 @@ class RdmaConsumer:
         if self._grant.slot_index != NO_SLOT:
             slot = await self._read_slot()
             if slot.revoked or slot.base_offset != self._grant.base_offset:
-                await self._switch(self.position)
-                return []
+                await self._switch(self._decoded)
+                return self._take_ready()
             self._addr, self._rkey, self._length = slot.addr, slot.rkey, slot.length
             self._readable_end, self._mutable = slot.readable_end, slot.mutable
-        records: list[Record] = []
         budget = self._max_poll_bytes
         while self._read_position < self._readable_end and budget > 0:
             size = min(self._next_read_size(), self._readable_end - self._read_position)
@@ -206,14 +229,18 @@ class RdmaConsumer:
             self._filled += size
             self._read_position += size
             budget -= size
-            records += self._take_batches()
+            self._ready += self._take_batches()
         if not self._mutable and self._read_position >= self._readable_end:
             if self._filled:
                 raise await self._fail(
                     f"segment {self._grant.base_offset} ends inside a batch "
                     f"({self._filled} bytes left over)"
                 )
-            await self._switch(self.position)
+            await self._switch(self._decoded)
+        return self._take_ready()
+
+    def _take_ready(self) -> list[Record]:
+        records, self._ready = self._ready, []
         return records
 
     def _next_read_size(self) -> int:
@@ -256,8 +283,8 @@ class RdmaConsumer:
                 batch = [] if header.is_control else decode_records(view, position, header)
             except RecordError as error:
                 raise RdmaConsumeError(f"corrupt batch read over RDMA: {error}") from error
-            records += (record for record in batch if record.offset >= self.position)
-            self.position = max(self.position, header.next_offset)
+            records += (record for record in batch if record.offset >= self._decoded)
+            self._decoded = max(self._decoded, header.next_offset)
             position += size
         if position:
             left = self._filled - position
@@ -316,14 +343,14 @@ class RdmaConsumer:
             self._qp.close()
             self._qp = None
         self._consumer_id = NEW_CONSUMER
-        grant = await self._access(self.position)
+        grant = await self._access(self._decoded)
         try:
             qp = self._pd.connect(
                 grant.conn_info, self._cq, QpCaps(max_send_wr=2, max_recv_wr=1), timeout=5.0
             )
         except (RdmaError, ValueError) as error:
             await self.close()
-            raise RdmaConsumeError(f"RDMA connect failed: {error}") from error
+            raise RdmaConsumeError(f"RDMA connect failed: {error}", retriable=True) from error
         self._qp = qp
         self._slot.buf[:8] = self._consumer_id.to_bytes(8, "little")
         try:
@@ -332,9 +359,9 @@ class RdmaConsumer:
             )
             completion = await self._completion()
         except (RdmaError, _LostQueuePair) as error:
-            raise await self._fail(f"bind failed: {error}") from None
+            raise await self._fail(f"bind failed: {error}", retriable=True) from None
         if not completion.ok:
-            raise await self._fail(f"bind refused: {completion.status.name}")
+            raise await self._fail(f"bind refused: {completion.status.name}", retriable=True)
         self._take(grant)
 
     async def _switch(self, offset: int) -> None:
@@ -392,11 +419,14 @@ class RdmaConsumer:
             )
             return decode_response_frame(frame, correlation_id)
         except (OSError, TimeoutError, RecordError) as error:
-            raise await self._fail(f"RdmaConsume request failed: {error!r}") from error
+            message = f"RdmaConsume request failed: {error!r}"
+            raise await self._fail(message, retriable=True) from error
 
-    async def _fail(self, message: str, code: int | None = None) -> RdmaConsumeError:
+    async def _fail(
+        self, message: str, code: int | None = None, *, retriable: bool | None = None
+    ) -> RdmaConsumeError:
         await self.close()
-        return RdmaConsumeError(message, code)
+        return RdmaConsumeError(message, code, retriable=retriable)
 
     async def close(self) -> None:
         """Let everything go (the broker releases what this consumer held when its queue

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaException
+from confluent_kafka.admin import NewTopic
 
 from directlog.client import Consumer, Producer, TopicPartition
 from tests.e2e.broker import BrokerProcess
@@ -191,6 +192,60 @@ def test_consumer_seeks_pauses_and_resumes_over_rdma(rdma_broker, clients: Clien
         consumer.close()
     # librdkafka fetched nothing of the topic, whatever was paused and resumed.
     assert not broker.sample("directlog_broker_records_out_total", topic=topic)
+
+
+@pytest.fixture(scope="module")
+def rdma_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three brokers serving RDMA consume on shm; a test may stop one of them."""
+    settings = {"rdma_consume": True, "rdma_provider": "shm"}
+    cluster = Cluster(tmp_path_factory.mktemp("client-rf3"), brokers=3, broker_settings=settings)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_consumer_follows_a_moving_leader_over_rdma(
+    rdma_cluster, clients: Clients, topic_name, caplog: pytest.LogCaptureFixture
+):
+    """The leader stops (a controlled shutdown moves its leadership): the consumer goes on
+    reading from the new leader over RDMA, every record once and in order."""
+    topic = topic_name("moving")
+    admin = clients.admin(rdma_cluster.bootstrap)
+    created = admin.create_topics([NewTopic(topic, 1, 3, config=PREALLOCATED)])
+    created[topic].result(timeout=20)
+    producer = clients.producer(rdma_cluster.bootstrap, {"acks": "all"})
+    sent = by_partition(clients.produce_all(producer, topic, keyed(60, "m")))[0]
+    consumer = Consumer(
+        config(
+            rdma_cluster.bootstrap,
+            **{
+                "group.id": f"moving-{topic}",
+                "enable.auto.commit": False,
+                "rdma.consume": True,
+                "rdma.provider": "shm",
+            },
+        )
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        first = clients.consume(consumer, 30, timeout=30)
+        assert [(m.offset(), m.value()) for m in first] == sent[:30]
+        old = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+        rdma_cluster.brokers[old].stop()
+        more = by_partition(clients.produce_all(producer, topic, keyed(40, "n")))[0]
+        rest = clients.consume(consumer, 70, timeout=60)  # fails on any error message
+        assert [(m.offset(), m.value()) for m in rest] == sent[30:] + more
+        assert consumer.poll(0.5) is None
+    finally:
+        consumer.close()
+    new = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    assert new != old
+    # The new leader served the consumer over RDMA (its fetches went to the other replica).
+    slot_writes = "directlog_broker_rdma_consume_slot_writes_total"
+    assert rdma_cluster.brokers[new].sample(slot_writes, topic=topic)
+    assert "consuming over TCP" not in caplog.text
 
 
 def test_producer_and_consumer_fall_back_to_tcp(module_broker, clients: Clients, topic_name):

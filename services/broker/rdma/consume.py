@@ -214,11 +214,14 @@ class RdmaConsume:
         """The consumer's holding of the segment with ``offset`` (registered and slotted as
         needed) and the file position of the batch holding it."""
         plog = partition.log
-        start, high_watermark = plog.log_start_offset, plog.high_watermark
-        if not start <= offset <= high_watermark:
+        # As for a Fetch, an offset between the high watermark and the log end is in range
+        # (a new leader's high watermark can lag what consumers saw); nothing above the high
+        # watermark is readable until it moves there.
+        start, end = plog.log_start_offset, plog.log_end_offset
+        if not start <= offset <= end:
             raise KafkaError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"{partition.tp}: offset {offset} is outside [{start}, {high_watermark}]",
+                f"{partition.tp}: offset {offset} is outside [{start}, {end}]",
             )
         segments = plog.segments
         index = max(bisect_right([s.base_offset for s in segments], offset) - 1, 0)
@@ -235,7 +238,7 @@ class RdmaConsume:
             if not holding.access.revoked and holding.access.segment is segment:
                 return holding, position
             self._release_holding(holding)  # revoked, or a compacted segment replaced it
-        growing = head or high_watermark < segment.next_offset
+        growing = head or plog.high_watermark < segment.next_offset
         if growing and not consumer.free:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
