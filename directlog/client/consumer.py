@@ -16,8 +16,8 @@ paused partition is not read at all; it resumes from the next offset not handed 
 on librdkafka for the others. Every other method is confluent's own, so what it assigns
 (``incremental_assign``) is read over TCP.
 
-Rebalances: the eager protocols (range, roundrobin); cooperative assignment over RDMA is
-not built.
+Rebalances: eager (range, roundrobin) and cooperative (cooperative-sticky: partitions are
+added and taken away one by one, and the others keep their readers).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import asyncio
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,8 @@ class Consumer:
         self._auto_store = _flag(config.get("enable.auto.offset.store", True))
         self._reset = str(config.get("auto.offset.reset", "latest"))
         self._timeout = float(config.get("socket.timeout.ms", 60000)) / 1000
+        # librdkafka's rule: a cooperative assignor makes the whole group's protocol so.
+        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
         if self._rdma.consume:
             config["enable.auto.offset.store"] = False  # we store what RDMA hands out
         self._tcp = confluent_kafka.Consumer(config)
@@ -103,16 +106,26 @@ class Consumer:
         def assigned(_: Any, partitions: list[TopicPartition]) -> None:
             if on_assign is not None:
                 on_assign(self, partitions)
-            if not self._readers:
+            if self._cooperative:
+                added = [p for p in partitions if (p.topic, p.partition) not in self._positions]
+                if added:
+                    self.incremental_assign(added)
+            elif not self._readers:
                 self.assign(partitions)
 
+        def taken(partitions: list[TopicPartition]) -> None:
+            if not self._cooperative:
+                self._stop_readers()
+            elif any((p.topic, p.partition) in self._positions for p in partitions):
+                self.incremental_unassign(partitions)
+
         def revoked(_: Any, partitions: list[TopicPartition]) -> None:
-            self._stop_readers()
+            taken(partitions)
             if on_revoke is not None:
                 on_revoke(self, partitions)
 
         def lost(_: Any, partitions: list[TopicPartition]) -> None:
-            self._stop_readers()
+            taken(partitions)
             if on_lost is not None:
                 on_lost(self, partitions)
 
@@ -123,11 +136,37 @@ class Consumer:
             self._tcp.assign(partitions)
             return
         self._stop_readers()
+        self._read_assigned(partitions, self._tcp.assign)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """As confluent's: ``partitions`` join the assignment, the others read on."""
+        if self._loop is None:
+            self._tcp.incremental_assign(partitions)
+            return
+        self._read_assigned(partitions, self._tcp.incremental_assign)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        """As confluent's: ``partitions`` leave the assignment, the others read on."""
+        if self._loop is not None:
+            for partition in partitions:
+                key = (partition.topic, partition.partition)
+                self._stop_reader(key)
+                self._positions.pop(key, None)
+                self._paused.discard(key)
+                self._over_tcp.discard(key)
+            gone = {(p.topic, p.partition) for p in partitions}
+            self._pausing = [p for p in self._pausing if (p.topic, p.partition) not in gone]
+        self._tcp.incremental_unassign(partitions)
+
+    def _read_assigned(
+        self, partitions: list[TopicPartition], assign: Callable[[list[TopicPartition]], None]
+    ) -> None:
+        """Hand ``partitions`` to librdkafka through ``assign`` and read them over RDMA."""
         starts = [TopicPartition(p.topic, p.partition, self._start_offset(p)) for p in partitions]
         # librdkafka keeps them assigned (for commits and rebalances) but paused, and
         # starting at the end, so it fetches nothing even before the pause took hold.
-        self._tcp.assign([TopicPartition(p.topic, p.partition, OFFSET_END) for p in starts])
-        self._pausing = [TopicPartition(p.topic, p.partition) for p in starts]
+        assign([TopicPartition(p.topic, p.partition, OFFSET_END) for p in starts])
+        self._pausing += [TopicPartition(p.topic, p.partition) for p in starts]
         self._pause_assigned()
         for start in starts:
             key = (start.topic, start.partition)

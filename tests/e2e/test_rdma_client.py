@@ -6,6 +6,7 @@ back to TCP; bad rdma.* keys are refused."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,6 +192,57 @@ def test_consumer_seeks_pauses_and_resumes_over_rdma(rdma_broker, clients: Clien
     finally:
         consumer.close()
     # librdkafka fetched nothing of the topic, whatever was paused and resumed.
+    assert not broker.sample("directlog_broker_records_out_total", topic=topic)
+
+
+def test_cooperative_rebalance_moves_partitions_and_keeps_the_rest(
+    rdma_broker, clients: Clients, topic_name
+):
+    """cooperative-sticky: a second member takes half the partitions; the first keeps
+    reading the others without a restart. Every record is handed out once in the group."""
+    broker, provider = rdma_broker
+    topic = topic_name("coop")
+    clients.create_topic(broker.bootstrap, topic, partitions=4, config=PREALLOCATED)
+    producer = clients.producer(broker.bootstrap)
+    old = by_partition(clients.produce_all(producer, topic, keyed(200, "old")))
+    settings = {
+        "group.id": f"coop-{topic}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "rdma.consume": True,
+        "rdma.provider": provider,
+    }
+    first = Consumer(config(broker.bootstrap, **settings))
+    second = Consumer(config(broker.bootstrap, **settings))
+    try:
+        first.subscribe([topic])
+        read = clients.consume(first, 200, timeout=60)
+        assert sorted((m.partition(), m.offset()) for m in read) == sorted(
+            (p, o) for p, records in old.items() for o, _ in records
+        )
+        first.commit(asynchronous=False)
+        second.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(first.assignment()) != 2 or len(second.assignment()) != 2:
+            assert time.monotonic() < deadline, (first.assignment(), second.assignment())
+            for member in (first, second):
+                assert member.poll(0.1) is None  # nothing new yet, and nothing twice
+        new = by_partition(clients.produce_all(producer, topic, keyed(200, "new")))
+        mine = {p.partition for p in first.assignment()}
+        theirs = {p.partition for p in second.assignment()}
+        count_first = sum(len(new.get(p, [])) for p in mine)
+        got = clients.consume(first, count_first, timeout=60)
+        got += clients.consume(second, 200 - count_first, timeout=60)
+        assert sorted((m.partition(), m.offset(), m.value()) for m in got) == sorted(
+            (p, o, v) for p, records in new.items() for o, v in records
+        )
+        assert {m.partition() for m in got[:count_first]} <= mine
+        assert {m.partition() for m in got[count_first:]} <= theirs
+        assert first.poll(0.5) is None and second.poll(0.5) is None
+    finally:
+        second.close()
+        first.close()
     assert not broker.sample("directlog_broker_records_out_total", topic=topic)
 
 
