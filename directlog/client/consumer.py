@@ -13,8 +13,7 @@ offset.
 
 ``seek``, ``pause`` and ``resume`` act on the RDMA reader of a partition read over RDMA (a
 paused partition is not read at all; it resumes from the next offset not handed out), and
-on librdkafka for the others. Every other method is confluent's own, so what it assigns
-(``incremental_assign``) is read over TCP.
+on librdkafka for the others. Every method not defined here is confluent's own.
 
 Rebalances: eager (range, roundrobin) and cooperative (cooperative-sticky: partitions are
 added and taken away one by one, and the others keep their readers).
@@ -364,7 +363,7 @@ class Consumer:
 
     def __getattr__(self, name: str) -> Any:
         """Everything not defined here is confluent's own (memberid, offsets_for_times,
-        incremental_assign, ...)."""
+        consumer_group_metadata, ...)."""
         if name == "_tcp":  # not set yet: __init__ failed before it
             raise AttributeError(name)
         return getattr(self._tcp, name)
