@@ -248,7 +248,7 @@ def test_strangers_are_refused_and_good_links_keep_working(
             assert await read_until_closed(reader) == b""  # no handshake answer, just closed
             writer.close()
 
-        await refused(handshake(1, magic=b"DLZAB\x00\x00\x02") + encode(Ping(1, 0)))
+        await refused(handshake(1, magic=b"DLZAB\x00\x00\x01") + encode(Ping(1, 0)))  # v1
         await refused(handshake(9))  # not a member
         await refused(handshake(2))  # its own id
         await refused(handshake(2), port=members[1].port)  # 2 > 1: 1 must dial 2, not accept
