@@ -37,9 +37,10 @@ __all__ = ["HANDSHAKE_TIMEOUT", "MAGIC", "WRITE_HIGH_WATER", "PeerNetwork"]
 
 log = logging.getLogger(__name__)
 
-# Protocol name and version; a new version is a new magic. Version 2: a leader of three
-# leaves out the Commits that followers infer from its own Acks (zab/node.py), which a
-# version-1 follower would wait for, so the two versions must not link.
+# Protocol name and version; a new version is a new magic, and members of different
+# versions do not link (docs/consensus.md: upgrading member by member). Version 2: a leader
+# of three leaves out the Commits that followers infer from its own Acks (zab/node.py),
+# which a version-1 follower would wait for.
 MAGIC: Final = b"DLZAB\x00\x00\x02"
 _HANDSHAKE: Final = struct.Struct(">8si")
 HANDSHAKE_TIMEOUT: Final = 5.0  # seconds to connect and finish the handshake
