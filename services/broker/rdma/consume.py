@@ -455,13 +455,6 @@ class RdmaConsume:
     # Queue pairs, on the loop ------------------------------------------------------------
 
     def _accepted(self, qp: QueuePair) -> None:
-        try:
-            for credit in range(RECV_CREDITS):
-                qp.post_recv(credit)
-        except RdmaError as error:
-            log.warning("RDMA consume queue pair %d: %s", qp.qp_num, error)
-            qp.close()
-            return
         self._qps[qp.qp_num] = qp
         self._unbound_timers[qp.qp_num] = self._loop.call_later(
             self.connect_timeout, self._drop_qp, qp.qp_num, "it named no consumer in time"

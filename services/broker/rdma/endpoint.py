@@ -36,7 +36,8 @@ THREAD_WAKE_SECONDS = 0.2  # how often the threads look at the stop flag
 
 
 class RdmaEndpoint:
-    """A listener on ``port`` whose accepted queue pairs go to ``accepted`` and whose
+    """A listener on ``port`` whose accepted queue pairs go to ``accepted``, each with
+    ``caps.max_recv_wr`` receives posted (wr_id 0 and up: the peer's credits), and whose
     completions go to ``completed``, both called on the event loop."""
 
     def __init__(
@@ -53,6 +54,7 @@ class RdmaEndpoint:
         self._loop = asyncio.get_running_loop()
         self._accepted = accepted
         self._completed = completed
+        self._receives = caps.max_recv_wr
         self.context: Context = open_context(settings.rdma_provider)
         self.pd: ProtectionDomain = self.context.alloc_pd()
         self.cq: CompletionQueue = self.context.create_cq(cq_depth)
@@ -130,8 +132,15 @@ class RdmaEndpoint:
     def _take_qp(self, qp: QueuePair) -> None:
         if self._stop.is_set():
             qp.close()
-        else:
-            self._accepted(qp)
+            return
+        try:
+            for credit in range(self._receives):
+                qp.post_recv(credit)
+        except RdmaError as error:
+            log.warning("%s queue pair %d: %s", self.name, qp.qp_num, error)
+            qp.close()
+            return
+        self._accepted(qp)
 
     def _take_completions(self, completions: list[WorkCompletion]) -> None:
         try:

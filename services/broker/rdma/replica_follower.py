@@ -41,7 +41,6 @@ from directlog.rdma import (
     Opcode,
     ProtectionDomain,
     QueuePair,
-    RdmaError,
     WorkCompletion,
 )
 from directlog.topics import TopicPartition
@@ -312,13 +311,8 @@ class ReplicaFollower:
     # Completions (on the loop) -----------------------------------------------------------
 
     def accepted(self, qp: QueuePair) -> None:
-        try:
-            for credit in range(self.settings.rdma_replication_credits):
-                qp.post_recv(credit)
-        except RdmaError as error:
-            log.warning("RDMA replication queue pair %d: %s", qp.qp_num, error)
-            qp.close()
-            return
+        """A leader's queue pair, its receives posted (RdmaEndpoint): bound by its first
+        request, or dropped."""
         self._qps[qp.qp_num] = qp
         self._loop.call_later(self.timeout, self._drop_if_unbound, qp.qp_num)
 
