@@ -75,7 +75,6 @@ import json
 import multiprocessing
 import os
 import queue
-import re
 import shutil
 import signal
 import socket
@@ -93,7 +92,7 @@ from typing import Any
 
 from bench.processes import STOP_SECONDS, free_ports, log_tail, stop
 from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
-from services.consensus.fourletter import ask
+from services.consensus.fourletter import mode_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -135,15 +134,6 @@ class BenchError(Exception):
 
 
 # --- processes and ports -------------------------------------------------------------------
-
-
-def mode_of(port: int) -> str | None:
-    """`Mode:` from srvr (leader, follower, ...), None while the member does not serve."""
-    try:
-        found = re.search(r"^Mode: (\w+)", ask(port, "srvr"), re.MULTILINE)
-    except OSError:
-        return None
-    return found.group(1) if found else None
 
 
 def cpu_seconds(pid: int) -> float:

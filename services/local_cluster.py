@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from services.consensus.fourletter import ask
+from services.consensus.fourletter import mode_of
 
 CONSENSUS_MEMBERS = 3
 CONTROLLERS = 2
@@ -46,14 +46,6 @@ def consensus_config(data_dir: Path) -> Path:
     config = {"members": members, "data_dir": str((data_dir / "consensus").resolve())}
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
-
-
-def serving(port: int) -> bool:
-    """The consensus member on ``port`` serves clients (``srvr`` names its mode)."""
-    try:
-        return "Mode: " in ask(port, "srvr", timeout=1.0)
-    except OSError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     # The controllers start once the ensemble serves, so their first connections succeed.
     deadline = time.monotonic() + ENSEMBLE_WAIT
     while not stopping and time.monotonic() < deadline and all(p.poll() is None for p in processes):
-        if all(serving(2180 + i) for i in range(1, CONSENSUS_MEMBERS + 1)):
+        if all(mode_of(2180 + i, timeout=1.0) for i in range(1, CONSENSUS_MEMBERS + 1)):
             break
         time.sleep(0.1)
     if not stopping:

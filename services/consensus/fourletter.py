@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -26,6 +27,16 @@ def ask(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> 
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+def mode_of(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> str | None:
+    """``Mode:`` from ``srvr`` (leader, follower, standalone), or None while the member on
+    ``port`` does not serve or does not answer."""
+    try:
+        found = re.search(r"^Mode: (\w+)", ask(port, "srvr", host, timeout), re.MULTILINE)
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 def answer(word: bytes, member: Member, server: ClientServer) -> str:
