@@ -13,7 +13,9 @@ follower as a write of its high watermark word; its reply keeps the follower cau
 
 When the next batch does not fit the grant, the leader lets every push be answered and
 asks for the next grant. Any failure ends the channel; the follower then pulls, and a new
-channel is tried after ``replica_fetch_backoff_ms`` from the follower's log end.
+channel is tried after ``replica_fetch_backoff_ms`` from the follower's log end. Channels
+open only to followers in the ISR: one that fell behind catches up by pull fetches, which
+move a backlog in large reads rather than in credit-limited 1 KiB writes.
 """
 
 from __future__ import annotations
@@ -239,6 +241,7 @@ class ReplicaLeader:
                     or key in self._channels
                     or self._retry_at.get(key, 0.0) > now
                     or follower not in self.replicas.image.brokers
+                    or follower not in partition.info.isr
                     or self._behind_log_start(partition, follower)
                 ):
                     continue
