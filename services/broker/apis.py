@@ -257,15 +257,29 @@ class KafkaApis:
         self, waiting: list[tuple[PartitionResult, Partition, int, str]], timeout: float
     ) -> None:
         """acks=-1: every appended partition's records reach its ISR, or the partition's
-        answer becomes the reason they did not."""
+        answer becomes the reason they did not. Partitions already replicated (a single
+        in-sync replica) are answered without suspending the request."""
+        pending = []
+        for entry in waiting:
+            result, partition, last, item = entry
+            try:
+                if not partition.replicated(last):
+                    pending.append(entry)
+            except KafkaError as error:
+                self._replication_failed(result, item, error)
+        if not pending:
+            return
         outcomes = await asyncio.gather(
-            *(partition.wait_replicated(last, timeout) for _, partition, last, _ in waiting),
+            *(partition.wait_replicated(last, timeout) for _, partition, last, _ in pending),
             return_exceptions=True,
         )
-        for (result, _, _, item), outcome in zip(waiting, outcomes, strict=True):
+        for (result, _, _, item), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                result.error_code, result.error_message = self._item_error(outcome, "produce", item)
-                result.base_offset = -1
+                self._replication_failed(result, item, outcome)
+
+    def _replication_failed(self, result: PartitionResult, item: str, error: BaseException) -> None:
+        result.error_code, result.error_message = self._item_error(error, "produce", item)
+        result.base_offset = -1
 
     def _item_error(self, error: BaseException, api: str, item: str) -> tuple[ErrorCode, str]:
         """The Kafka error code answering one failed item (a partition, a topic, a config

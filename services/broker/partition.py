@@ -165,25 +165,34 @@ class Partition:
         if self.push_listener is not None:
             self.push_listener(self)
 
-    async def wait_replicated(self, offset: int, timeout: float) -> None:
-        """Until the high watermark passes `offset` (acks=-1); raises with Kafka's code when
-        it cannot: REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER, or the ISR shrank below
-        min.insync.replicas while waiting (NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+    def replicated(self, offset: int) -> bool:
+        """Whether acks=-1 for records up to `offset` can be answered now: the high watermark
+        passed it. Raises NOT_ENOUGH_REPLICAS_AFTER_APPEND when it did but the ISR is below
+        min.insync.replicas."""
         if self.log.high_watermark <= offset:
-            future = asyncio.get_running_loop().create_future()
-            self._waiters.append((offset, future))
-            try:
-                await within(future, timeout)
-            except TimeoutError:
-                raise KafkaError(
-                    ErrorCode.REQUEST_TIMED_OUT,
-                    f"{self.tp}: offset {offset} not replicated to the ISR in time",
-                ) from None
+            return False
         if len(self.info.isr) < self.config.min_insync_replicas:
             raise KafkaError(
                 ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                 f"{self.tp}: ISR {list(self.info.isr)} shrank below min.insync.replicas",
             )
+        return True
+
+    async def wait_replicated(self, offset: int, timeout: float) -> None:
+        """Until `replicated(offset)` (acks=-1); raises with Kafka's code when it cannot be:
+        REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
+        if self.replicated(offset):
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((offset, future))
+        try:
+            await within(future, timeout)
+        except TimeoutError:
+            raise KafkaError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"{self.tp}: offset {offset} not replicated to the ISR in time",
+            ) from None
+        self.replicated(offset)
 
     def fail_waiters(self, error: KafkaError) -> None:
         waiters, self._waiters = self._waiters, []
