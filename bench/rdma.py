@@ -8,9 +8,11 @@ brokers, subprocesses on loopback), one after the other, with production heartbe
 timeouts, `rdma_provider=shm` and the default grant size (`rdma_grant_max_bytes`, 8 MiB:
 a producer takes a new grant every 8 MiB, and that cost is in its figures):
 
-* one broker with `rdma_produce` and `rdma_consume` on (experiments 1-6);
+* one broker with `rdma_produce` and `rdma_consume` on (experiments 1-6), and
+  `rdma_poll_spin_us=100`: with a core to itself it polls its completion queue for a
+  while after each completion rather than sleep on the doorbell;
 * three brokers with `rdma_produce` and `rdma_replication` (push replication) on
-  (experiment 7).
+  (experiment 7), not spinning: they and the client share the 2 cores.
 
 Every measurement gets a fresh topic, deleted afterwards, with `preallocate=true` for both
 paths (RDMA needs it; the TCP topics get it too, so only the path differs), except the
@@ -134,8 +136,9 @@ BROKER_SETTINGS = {
     "rdma_produce": True,
     "rdma_consume": True,
     "rdma_provider": PROVIDER,
+    "rdma_poll_spin_us": 100,
 }
-RF3_BROKER_SETTINGS = {**BROKER_SETTINGS, "rdma_replication": True}
+RF3_BROKER_SETTINGS = {**BROKER_SETTINGS, "rdma_replication": True, "rdma_poll_spin_us": 0}
 TOPIC_CONFIG = {"preallocate": "true"}
 RF3_PUSH_CONFIG = {"preallocate": "true", "min.insync.replicas": "2"}
 RF3_PULL_CONFIG = {"preallocate": "false", "min.insync.replicas": "2"}

@@ -63,8 +63,9 @@ class BrokerSettings(ServiceSettings):
     rdma_connect_timeout_ms: int = Field(10000, ge=10)  # a grant unused this long is revoked
     rdma_hole_timeout_ms: int = Field(1000, ge=1)  # writes waiting this long behind a hole
     # After a completion, every RDMA module keeps polling its completion queue this long,
-    # one poll per event-loop turn, so a write soon after is taken without a wake-up.
-    rdma_poll_spin_us: int = Field(100, ge=0, le=100_000)
+    # one poll per event-loop turn, so a write soon after is taken without a wake-up. For a
+    # broker with cores of its own; brokers sharing cores would starve each other.
+    rdma_poll_spin_us: int = Field(0, ge=0, le=100_000)
     # RDMA push replication (docs/broker.md "RDMA push replication"): the leader of a
     # preallocated topic writes new batches straight into its followers' head segments
     # with WRITE_WITH_IMM (rdma_provider, rdma_host apply); pull replication stays the

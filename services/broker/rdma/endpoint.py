@@ -11,7 +11,8 @@ After a completion the loop keeps polling for ``rdma_poll_spin_us``, once per lo
 (other work interleaves): a write that follows soon, as the next one of a producer or a
 push usually does, is then taken without sleeping on the doorbell and waking up, which on
 these machines costs more than the broker's work for a small write. An idle broker spends
-nothing on it; the poller thread (no doorbell) does not spin.
+nothing on it; the poller thread (no doorbell) does not spin. Off by default: it pays only
+where the broker has cores of its own.
 """
 
 from __future__ import annotations
