@@ -37,7 +37,9 @@ or errors is reported and its figures are null; the other targets still run. Eac
 runs `--rounds` times (3, or 1 with `--quick`) and the best round counts; its topic is
 deleted after it (best effort), so what a broker holds does not grow round after round. The
 client, the broker and its storage share this machine's two cores, as in any loopback test,
-and the Python client's own per-message cost is part of every msg/s figure.
+and the Python client's own per-message cost is part of every msg/s figure. Next to each
+figure the run reports the cores the client process (Python and librdkafka's threads) and
+the broker process kept busy while it was timed: a side near 1.0 is what bounds the figure.
 
 The output closes with one JSON line holding every figure, with ratios ours/tansu and ours
 over the limits (MB = 10**6 bytes); the same JSON is written to bench/results/broker.json.
@@ -73,7 +75,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import free_ports, log_tail, stop
+from bench.processes import cpu_seconds, free_ports, log_tail, stop
 from tests.e2e.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +88,14 @@ BROKER_FIGURES = (
     "produce_32k_MBps",
     "consume_32k_MBps",
 )
-# Diagnostics reported next to the figures, not compared.
-BROKER_CHECKS = ("produce_batch1_msgs_per_request", "produce_batch50_msgs_per_request")
+# Diagnostics reported next to the figures, not compared: Produce requests per message,
+# and the cores the client process (Python and librdkafka's threads) and the broker
+# process kept busy while a figure was timed, which tell which side bounds it.
+BROKER_CHECKS = (
+    "produce_batch1_msgs_per_request",
+    "produce_batch50_msgs_per_request",
+    *(f"{figure}_{side}_cores" for figure in BROKER_FIGURES for side in ("client", "broker")),
+)
 LIMIT_FIGURES = ("tcp_loopback_MBps", "sendfile_loopback_MBps")
 
 SMALL_VALUE = 200
@@ -237,16 +245,45 @@ def wait_for_topic(client: Producer | Consumer, topic: str, seconds: float = 15.
         time.sleep(0.1)
 
 
+class CpuMeter:
+    """The cores this process (the client) and the broker kept busy from its creation to
+    `cores()`."""
+
+    def __init__(self, broker_pid: int) -> None:
+        self._pid = broker_pid
+        self._client = time.process_time()
+        self._broker = cpu_seconds(broker_pid)
+        self._start = time.perf_counter()
+
+    def cores(self) -> tuple[float, float]:
+        seconds = time.perf_counter() - self._start
+        client = time.process_time() - self._client
+        return client / seconds, (cpu_seconds(self._pid) - self._broker) / seconds
+
+
 @dataclass(frozen=True)
 class Produced:
     seconds: float
     requests: int | None  # ProduceRequests librdkafka sent, from its statistics
+    cores: tuple[float, float] = (0.0, 0.0)  # client's, broker's while timed
+
+
+@dataclass(frozen=True)
+class Consumed:
+    seconds: float
+    cores: tuple[float, float]  # client's, broker's while timed
 
 
 def produce(
-    bootstrap: str, topic: str, values: list[bytes], settings: dict[str, Any], limit: float
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    settings: dict[str, Any],
+    limit: float,
+    broker_pid: int | None = None,
 ) -> Produced:
-    """Produce `values` to partition 0 and wait for every acknowledgement; verified."""
+    """Produce `values` to partition 0 and wait for every acknowledgement; verified. With
+    `broker_pid`, the cores both sides kept busy meanwhile are measured."""
     delivered, lowest, highest = 0, sys.maxsize, -1
     failures: list[str] = []
     stats: list[str] = []
@@ -272,6 +309,7 @@ def produce(
     )
     wait_for_topic(producer, topic)
     deadline = time.monotonic() + limit
+    meter = None if broker_pid is None else CpuMeter(broker_pid)
     start = time.perf_counter()
     for i, value in enumerate(values):
         while True:
@@ -287,6 +325,7 @@ def produce(
             raise BenchError(f"produce timed out after {limit:.0f} s at message {i}")
     left = producer.flush(max(deadline - time.monotonic(), 0.1))
     seconds = time.perf_counter() - start
+    cores = (0.0, 0.0) if meter is None else meter.cores()
     if left or failures or delivered != len(values):
         sample = failures[0] if failures else "none"
         raise BenchError(
@@ -295,7 +334,7 @@ def produce(
         )
     if (lowest, highest) != (0, len(values) - 1):
         raise BenchError(f"acknowledged offsets {lowest}..{highest} for {len(values)} messages")
-    return Produced(seconds, produce_requests(producer, stats))
+    return Produced(seconds, produce_requests(producer, stats), cores)
 
 
 def produce_requests(producer: Producer, stats: list[str]) -> int | None:
@@ -310,8 +349,11 @@ def produce_requests(producer: Producer, stats: list[str]) -> int | None:
     return sum(int(b.get("req", {}).get("Produce", 0)) for b in brokers.values())
 
 
-def consume(bootstrap: str, topic: str, values: list[bytes], limit: float) -> float:
-    """Read partition 0 from its start until all of `values` arrived; seconds, verified."""
+def consume(
+    bootstrap: str, topic: str, values: list[bytes], limit: float, broker_pid: int | None = None
+) -> Consumed:
+    """Read partition 0 from its start until all of `values` arrived, verified; with
+    `broker_pid`, the cores both sides kept busy meanwhile are measured."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -331,6 +373,7 @@ def consume(bootstrap: str, topic: str, values: list[bytes], limit: float) -> fl
         per_call = max(1, min(10_000, CONSUME_CALL_BYTES // len(values[0])))
         got, first, last, last_offset = 0, b"", b"", -1
         deadline = time.monotonic() + limit
+        meter = None if broker_pid is None else CpuMeter(broker_pid)
         start = time.perf_counter()
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         while got < want:
@@ -347,19 +390,25 @@ def consume(bootstrap: str, topic: str, values: list[bytes], limit: float) -> fl
                 last, offset = batch[-1].value() or b"", batch[-1].offset()
                 last_offset = -1 if offset is None else offset
         seconds = time.perf_counter() - start
+        cores = (0.0, 0.0) if meter is None else meter.cores()
     finally:
         consumer.close()
     if got != want or last_offset != want - 1:
         raise BenchError(f"consumed {got} messages ending at offset {last_offset}, want {want}")
     if first != values[0] or last != values[-1]:
         raise BenchError("first or last value read back differs from what was produced")
-    return seconds
+    return Consumed(seconds, cores)
 
 
 @dataclass(frozen=True)
 class Workload:
     figure: str
-    run: Callable[[str, str, float], tuple[float, dict[str, float | None]]]
+    # (bootstrap, topic, time limit, broker pid) -> (figure, diagnostics)
+    run: Callable[[str, str, float, int], tuple[float, dict[str, float | None]]]
+
+
+def cores_checks(figure: str, cores: tuple[float, float]) -> dict[str, float | None]:
+    return {f"{figure}_client_cores": cores[0], f"{figure}_broker_cores": cores[1]}
 
 
 def produce_workload(
@@ -367,11 +416,13 @@ def produce_workload(
 ) -> Workload:
     """msg/s (or MB/s of values when `unit_bytes` is given) of one producer."""
 
-    def run(bootstrap: str, topic: str, limit: float) -> tuple[float, dict[str, float | None]]:
+    def run(
+        bootstrap: str, topic: str, limit: float, pid: int
+    ) -> tuple[float, dict[str, float | None]]:
         create_topic(bootstrap, topic)
-        done = produce(bootstrap, topic, values, settings, limit)
+        done = produce(bootstrap, topic, values, settings, limit, pid)
         rate = len(values) / done.seconds
-        checks: dict[str, float | None] = {}
+        checks = cores_checks(figure, done.cores)
         if unit_bytes is None:
             if settings.get("batch.num.messages") == 1 and (done.requests or 0) < len(values):
                 raise BenchError(f"{done.requests} Produce requests for {len(values)} messages")
@@ -389,11 +440,15 @@ def consume_workload(
 ) -> Workload:
     """msg/s (or MB/s) of one consumer reading `values`, first written untimed."""
 
-    def run(bootstrap: str, topic: str, limit: float) -> tuple[float, dict[str, float | None]]:
+    def run(
+        bootstrap: str, topic: str, limit: float, pid: int
+    ) -> tuple[float, dict[str, float | None]]:
         create_topic(bootstrap, topic)
         produce(bootstrap, topic, values, settings, limit)
-        rate = len(values) / consume(bootstrap, topic, values, limit)
-        return (rate if unit_bytes is None else rate * unit_bytes / 1e6), {}
+        done = consume(bootstrap, topic, values, limit, pid)
+        rate = len(values) / done.seconds
+        rate = rate if unit_bytes is None else rate * unit_bytes / 1e6
+        return rate, cores_checks(figure, done.cores)
 
     return Workload(figure, run)
 
@@ -445,12 +500,18 @@ def bench_broker(
                     topic = f"bench-{job.figure}-{nonce}-{rnd}".replace("_", "-")
                     os.sync()  # no writeback of an earlier workload's files during this one
                     try:
-                        rate, checks = job.run(broker.bootstrap, topic, args.time_limit)
+                        rate, checks = job.run(
+                            broker.bootstrap, topic, args.time_limit, broker.proc.pid
+                        )
                     except Exception as exc:  # any failure of the broker under test is reported
                         errors.append(f"{job.figure}: {type(exc).__name__}: {exc}")
                         print(f"[{name}] {job.figure} round {rnd}: FAILED: {exc}", flush=True)
                     else:
-                        extra = "".join(f"  {k}={v:.2f}" for k, v in checks.items() if v)
+                        extra = "".join(
+                            f"  {k.removeprefix(job.figure + '_')}={v:.2f}"
+                            for k, v in checks.items()
+                            if v
+                        )
                         shown = describe(job.figure, rate)
                         print(f"[{name}] {job.figure:22} round {rnd}: {shown}{extra}", flush=True)
                         if (figures[job.figure] or 0.0) < rate:
@@ -601,6 +662,11 @@ def print_report(ours: Figures, tansu: Figures, limits: Figures, rel: Figures) -
         print(f"{f:32}{cell(limits[f], 1)}  (machine limit)")
     for key in ("produce_32k_vs_tcp_limit", "consume_32k_vs_sendfile_limit"):
         print(f"{key:32}{cell(rel[key], 3)}{cell(rel['tansu_' + key], 3)}")
+    print(f"\n{'cores busy while timed':32}{'client':>14}{'broker':>14}  (ours, then tansu)")
+    for f in BROKER_FIGURES:
+        for name, figures in (("ours", ours), ("tansu", tansu)):
+            client, broker = (figures.get(f"{f}_{side}_cores") for side in ("client", "broker"))
+            print(f"{f + ' ' + name:32}{cell(client, 2)}{cell(broker, 2)}")
 
 
 # --- main ----------------------------------------------------------------------------------

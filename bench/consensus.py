@@ -90,7 +90,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.processes import STOP_SECONDS, free_ports, log_tail, stop
+from bench.processes import CLOCK_TICKS, STOP_SECONDS, cpu_seconds, free_ports, log_tail, stop
 from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
 from services.consensus.fourletter import mode_of
 
@@ -124,7 +124,6 @@ ZK_JARS = (
     "/usr/share/java/log4j-1.2.jar",
 )
 ZK_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Figures = dict[str, float | None]
 
@@ -134,15 +133,6 @@ class BenchError(Exception):
 
 
 # --- processes and ports -------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (its threads included), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def machine_busy_seconds() -> float:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from pathlib import Path
 
 STOP_SECONDS = 5.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def free_ports(count: int) -> list[int]:
@@ -37,3 +39,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(STOP_SECONDS)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included) so far, from /proc; 0 once gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS

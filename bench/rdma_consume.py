@@ -24,6 +24,7 @@ from confluent_kafka import (
 )
 
 from bench.broker import BenchError, consume, wait_for_topic
+from bench.processes import cpu_seconds
 from directlog.client.rdma_consume import RdmaConsumer
 from directlog.client.rdma_produce import RdmaProducer
 from directlog.protocol import replica_fetch
@@ -33,7 +34,6 @@ TIME_LIMIT = 120.0
 WARMUP = 50
 CONSUMER_REPLICA_ID = -1  # a Fetch from a consumer, not a follower
 PIPELINE = 8  # raw Fetch requests in flight on the one connection
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,6 @@ class EmptyChecks:
     checks: int
     seconds: float
     broker_cpu_seconds: float
-
-
-def broker_cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of the process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
 def one_by_one(target: Target) -> Callable[[bytes, int], float]:
@@ -196,7 +189,7 @@ def tcp_empty_fetches(target: Target, end: int, seconds: float) -> EmptyChecks:
         for correlation_id in range(PIPELINE):
             request(correlation_id)
         answered = 0
-        cpu = broker_cpu_seconds(target.broker_pid)
+        cpu = cpu_seconds(target.broker_pid)
         start = time.perf_counter()
         stop = start + seconds
         while time.perf_counter() < stop:
@@ -204,7 +197,7 @@ def tcp_empty_fetches(target: Target, end: int, seconds: float) -> EmptyChecks:
             request(answered + PIPELINE)
             answered += 1
         elapsed = time.perf_counter() - start
-        cpu = broker_cpu_seconds(target.broker_pid) - cpu
+        cpu = cpu_seconds(target.broker_pid) - cpu
         for correlation_id in range(answered, answered + PIPELINE):
             answer(correlation_id)
     return EmptyChecks(answered, elapsed, cpu)
@@ -230,7 +223,7 @@ def rdma_empty_fetches(target: Target, end: int, seconds: float) -> EmptyChecks:
         await consumer.start()
         try:
             checks = 0
-            cpu = broker_cpu_seconds(target.broker_pid)
+            cpu = cpu_seconds(target.broker_pid)
             start = time.perf_counter()
             stop = start + seconds
             while time.perf_counter() < stop:
@@ -238,7 +231,7 @@ def rdma_empty_fetches(target: Target, end: int, seconds: float) -> EmptyChecks:
                     raise BenchError("an empty check returned records")
                 checks += 1
             elapsed = time.perf_counter() - start
-            cpu = broker_cpu_seconds(target.broker_pid) - cpu
+            cpu = cpu_seconds(target.broker_pid) - cpu
             if consumer.position != end or consumer.readable_end == 0:
                 raise BenchError(f"consumer at {consumer.position}, expected {end}")
         finally:
@@ -250,11 +243,11 @@ def rdma_empty_fetches(target: Target, end: int, seconds: float) -> EmptyChecks:
 
 def idle_broker(target: Target, seconds: float) -> EmptyChecks:
     """The broker's own CPU use over `seconds` with no client at all (its background)."""
-    cpu = broker_cpu_seconds(target.broker_pid)
+    cpu = cpu_seconds(target.broker_pid)
     start = time.perf_counter()
     time.sleep(seconds)
     elapsed = time.perf_counter() - start
-    return EmptyChecks(0, elapsed, broker_cpu_seconds(target.broker_pid) - cpu)
+    return EmptyChecks(0, elapsed, cpu_seconds(target.broker_pid) - cpu)
 
 
 # --- consume bandwidth -----------------------------------------------------------------------
@@ -283,7 +276,7 @@ def fill(target: Target, size: int, count: int, per_batch: int) -> bytes:
 
 def tcp_consume_bandwidth(target: Target, value: bytes, count: int) -> float:
     """Seconds for confluent-kafka to read the `count` records from offset 0."""
-    return consume(target.bootstrap, target.topic, [value] * count, TIME_LIMIT)
+    return consume(target.bootstrap, target.topic, [value] * count, TIME_LIMIT).seconds
 
 
 def rdma_consume_bandwidth(target: Target, value: bytes, count: int, read_size: int) -> float:
