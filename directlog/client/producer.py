@@ -7,8 +7,12 @@ here (``linger.ms``, ``batch.num.messages``, ``batch.size``, ``compression.type`
 written into the leader's head segment with an RdmaProducer on the loop thread; delivery
 reports come back through ``poll``/``flush`` as confluent's do, with real
 confluent_kafka.Message objects. A partition whose leader refuses RDMA access, or whose
-RDMA writer fails, falls back to TCP for good (records of a failed write are produced again
-over TCP, so delivery is at least once, as with retries).
+RDMA writer fails, falls back to TCP for good. The batches of a failed write that the broker
+never answered are written again as they are, with Kafka Produce requests to the
+partition's leader, before any later record. With ``enable.idempotence`` the RDMA batches
+carry a producer id (InitProducerId) and sequence numbers, at most 5 are in flight, and the
+broker answers a batch it already has with where it landed: nothing is written twice.
+Without it delivery is at least once, as with retries.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from directlog.client.common import LoopThread, RdmaConfig, leader_address
-from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
+from directlog.client.rdma_produce import Produced, RdmaProduceError, RdmaProducer
+from directlog.protocol.api import APIS, ApiKey
+from directlog.protocol.client import KafkaConnection
+from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Header, Record, build_batch
 from directlog.records.compression import Compression
 
@@ -42,6 +49,26 @@ CODECS = {
     "zstd": Compression.ZSTD,
 }
 WINDOW = 16  # batches one partition writes before it waits for their replies
+# An idempotent producer's: a broker remembers a producer's last 5 batches (Kafka's rule),
+# so no more may be in doubt when a write fails.
+IDEMPOTENT_WINDOW = 5
+RESEND_BACKOFF = 0.1  # between attempts to write a doubtful batch again
+# Answers to a Produce that another attempt (at the leader metadata names) may get past;
+# POLICY_VIOLATION: an exclusive RDMA grant holds the partition, as the failed writer's own
+# does until the broker sees its queue pair gone.
+RETRIABLE = frozenset(
+    {
+        ErrorCode.POLICY_VIOLATION,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    }
+)
+PRODUCE_VERSION = 7  # record batches v2, producer ids; not flexible
+CLIENT_ID = "directlog-producer"
 Report = Callable[[KafkaError | None, Message], None]
 
 
@@ -62,6 +89,7 @@ class _PartitionWriter:
     writer: RdmaProducer | None = None
     fallen_back: bool = False
     task: asyncio.Task[None] | None = None
+    sequence: int = 0  # the next batch's base sequence (idempotent producers)
 
 
 class Producer:
@@ -82,6 +110,9 @@ class Producer:
         self._timeout = float(config.get("message.timeout.ms", 300000)) / 1000
         acks = str(config.get("acks", config.get("request.required.acks", "all"))).lower()
         self._acks = -1 if acks in ("all", "-1") else 1  # acks=0 is answered as acks=1
+        self._idempotent = str(config.get("enable.idempotence", False)).lower() in ("true", "1")
+        self._producer_id: tuple[int, int] | None = None  # (id, epoch) the RDMA batches carry
+        self._producer_id_lock: asyncio.Lock | None = None  # made on the loop thread
         self._reports: queue.SimpleQueue[tuple[Report, KafkaError | None, Message]] = (
             queue.SimpleQueue()
         )
@@ -197,6 +228,8 @@ class Producer:
             address = await asyncio.to_thread(
                 leader_address, self._tcp, writer.topic, writer.partition, self._timeout
             )
+            if self._idempotent:
+                await self._take_producer_id(address)
             rdma = RdmaProducer(
                 address,
                 writer.topic,
@@ -204,7 +237,7 @@ class Producer:
                 mode=self._rdma.produce,
                 acks=self._acks,
                 provider=self._rdma.provider,
-                window=WINDOW,
+                window=IDEMPOTENT_WINDOW if self._idempotent else WINDOW,
                 timeout=min(self._timeout, 30.0),
                 staging_bytes=max(4 << 20, 2 * self._batch_bytes),
             )
@@ -242,35 +275,133 @@ class Producer:
                 Record(i, p.record.timestamp, p.record.key, p.record.value, p.record.headers)
                 for i, p in enumerate(group)
             ]
-            batches.append(build_batch(records, compression=self._codec))
+            batches.append(self._batch(writer, records))
             groups.append(group)
         assert writer.writer is not None
+        produced: list[Produced | None]
         try:
-            produced = await writer.writer.send(batches)
+            produced = list(await writer.writer.send(batches))
         except RdmaProduceError as error:
             self._fall_back(writer, f"RDMA write failed: {error}")
-            self._to_tcp(writer, pending)
+            produced = error.produced or [None] * len(batches)
+            for group, batch, done in zip(groups, batches, produced, strict=True):
+                if done is None:
+                    await self._resend(writer, group, batch)
+                else:
+                    self._delivered(writer, group, done.base_offset)
             return
         for group, done in zip(groups, produced, strict=True):
-            for i, item in enumerate(group):
-                self._delivered(writer, item, done.base_offset + i)
+            assert done is not None
+            self._delivered(writer, group, done.base_offset)
 
-    def _delivered(self, writer: _PartitionWriter, item: _Pending, offset: int) -> None:
-        if item.report is not None:
-            record = item.record
-            message = Message(
-                topic=writer.topic,
-                partition=writer.partition,
-                offset=offset,
-                key=record.key,
-                value=record.value,
-                headers=[(h.key, h.value) for h in record.headers] or None,
-                timestamp=(confluent_kafka.TIMESTAMP_CREATE_TIME, record.timestamp),
-                error=None,
+    def _batch(self, writer: _PartitionWriter, records: list[Record]) -> bytes:
+        if self._producer_id is None:
+            return build_batch(records, compression=self._codec)
+        producer_id, epoch = self._producer_id
+        batch = build_batch(
+            records,
+            compression=self._codec,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=writer.sequence,
+        )
+        writer.sequence = (writer.sequence + len(records)) % (1 << 31)
+        return batch
+
+    async def _take_producer_id(self, address: str) -> None:
+        """The producer id and epoch of the idempotent RDMA batches, asked for once."""
+        if self._producer_id_lock is None:
+            self._producer_id_lock = asyncio.Lock()
+        async with self._producer_id_lock:
+            if self._producer_id is not None:
+                return
+            api = APIS[ApiKey.INIT_PRODUCER_ID]
+            request = api.request(transactional_id=None, transaction_timeout_ms=-1)
+            request.API_VERSION = 0
+            response = await self._ask(address, request, api.response)
+            if response.error_code != ErrorCode.NONE:
+                code = ErrorCode(response.error_code)
+                raise KafkaException(KafkaError(code, f"InitProducerId: {code.name}"))
+            self._producer_id = (response.producer_id, response.producer_epoch)
+
+    async def _ask(self, address: str, request: Any, response_class: Any) -> Any:
+        host, port = address.rsplit(":", 1)
+        timeout = min(self._timeout, 30.0)
+        connection = await KafkaConnection.connect(host, int(port), timeout)
+        try:
+            return await asyncio.wait_for(
+                connection.request(request, response_class, CLIENT_ID), timeout
             )
-            self._reports.put((item.report, None, message))
+        finally:
+            await connection.close()
+
+    async def _resend(self, writer: _PartitionWriter, group: list[_Pending], batch: bytes) -> None:
+        """Write a batch whose RDMA answer never came again, as it is, with Produce
+        requests to the partition's leader until one is answered or message.timeout.ms
+        passes; its records are reported either way."""
+        api = APIS[ApiKey.PRODUCE]
+        topic_data = api.request.TopicProduceData
+        deadline = time.monotonic() + self._timeout
+        why = "no attempt"
+        while time.monotonic() < deadline:
+            request = api.request(
+                transactional_id=None,
+                acks=self._acks,
+                timeout_ms=int(min(self._timeout, 30.0) * 1000),
+                topic_data=[
+                    topic_data(
+                        name=writer.topic,
+                        partition_data=[
+                            topic_data.PartitionProduceData(index=writer.partition, records=batch)
+                        ],
+                    )
+                ],
+            )
+            request.API_VERSION = PRODUCE_VERSION
+            try:
+                address = await asyncio.to_thread(
+                    leader_address, self._tcp, writer.topic, writer.partition, self._timeout
+                )
+                response = await self._ask(address, request, api.response)
+                answer = response.responses[0].partition_responses[0]
+                code = ErrorCode(answer.error_code)
+                if code == ErrorCode.NONE:
+                    self._delivered(writer, group, answer.base_offset)
+                    return
+                if code not in RETRIABLE:
+                    self._delivered(writer, group, -1, KafkaError(code, code.name))
+                    return
+                why = code.name
+            except Exception as error:  # any failure of one attempt: the next may get through
+                why = str(error)
+            await asyncio.sleep(RESEND_BACKOFF)
+        timed_out = KafkaError(KafkaError._MSG_TIMED_OUT, f"written again in vain: {why}")
+        self._delivered(writer, group, -1, timed_out)
+
+    def _delivered(
+        self,
+        writer: _PartitionWriter,
+        group: list[_Pending],
+        base_offset: int,
+        error: KafkaError | None = None,
+    ) -> None:
+        """Report a batch's records: at ``base_offset`` on, or failed with ``error``."""
+        for i, item in enumerate(group):
+            if item.report is not None:
+                record = item.record
+                message = Message(
+                    topic=writer.topic,
+                    partition=writer.partition,
+                    offset=-1 if error is not None else base_offset + i,
+                    key=record.key,
+                    value=record.value,
+                    headers=[(h.key, h.value) for h in record.headers] or None,
+                    timestamp=(confluent_kafka.TIMESTAMP_CREATE_TIME, record.timestamp),
+                    error=error,
+                )
+                self._reports.put((item.report, error, message))
         with self._lock:
-            self._in_rdma -= 1
+            self._in_rdma -= len(group)
 
     def _fall_back(self, writer: _PartitionWriter, why: str) -> None:
         log.warning("%s-%d: producing over TCP: %s", writer.topic, writer.partition, why)

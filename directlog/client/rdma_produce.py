@@ -68,11 +68,14 @@ MARKER = -1  # in-flight entry of an overflowed reservation's empty write
 
 
 class RdmaProduceError(Exception):
-    """RDMA produce failed; ``code`` is the broker's Kafka error code when it gave one."""
+    """RDMA produce failed; ``code`` is the broker's Kafka error code when it gave one.
+    Raised by ``send``, ``produced`` holds, per batch, where it landed when the broker's
+    answer came, or None: a batch without an answer may or may not be in the log."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.produced: list[Produced | None] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +179,17 @@ class RdmaProducer:
                 )
         results: list[Produced | None] = [None] * len(batches)
         deadline = time.monotonic() + self._timeout
-        while (first := next((i for i, r in enumerate(results) if r is None), None)) is not None:
-            if await self._send_from(batches, first, results, deadline):
-                await self._drain(results, deadline)  # replies to what is still in flight
-                first = next((i for i, r in enumerate(results) if r is None), first)
-                await self._regrant(len(batches[first]))
+        try:
+            while (
+                first := next((i for i, r in enumerate(results) if r is None), None)
+            ) is not None:
+                if await self._send_from(batches, first, results, deadline):
+                    await self._drain(results, deadline)  # replies to what is still in flight
+                    first = next((i for i, r in enumerate(results) if r is None), first)
+                    await self._regrant(len(batches[first]))
+        except RdmaProduceError as error:
+            error.produced = results
+            raise
         return [result for result in results if result is not None]
 
     async def _send_from(

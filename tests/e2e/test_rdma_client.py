@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from directlog.client import Consumer, Producer, TopicPartition
+from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, _stop_checked
@@ -98,6 +99,70 @@ def test_producer_writes_over_rdma_where_confluent_would(
     assert sum(count for p in range(3) for _, count in broker.stored_batches(topic, p)) == 600
     writes = broker.sample("directlog_broker_rdma_produce_writes_total", topic=topic)
     assert writes is not None and writes >= 3
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_batches_left_unanswered_are_written_again_over_tcp(
+    rdma_broker, clients: Clients, topic_name, monkeypatch: pytest.MonkeyPatch, idempotent: bool
+):
+    """A failed RDMA write that the broker committed in full but answered only for its first
+    batch (the replies lost: a fault injected into RdmaProducer.send). The unanswered
+    batches are written again with Kafka Produce requests before any later record: an
+    idempotent producer's land once, where the RDMA write put them; without idempotence
+    they land twice (at least once). The answered batch is never written again."""
+    broker, provider = rdma_broker
+    topic = topic_name("again")
+    clients.create_topic(broker.bootstrap, topic, partitions=1, config=PREALLOCATED)
+    real_send = RdmaProducer.send
+    faults: list[int] = []
+
+    async def replies_lost(self: RdmaProducer, batches: Any) -> Any:
+        produced = await real_send(self, batches)
+        if faults:
+            return produced
+        faults.append(len(batches))
+        await self.close()  # as a failing RdmaProducer does: the broker revokes the grant
+        error = RdmaProduceError("replies lost (injected)")
+        error.produced = [produced[0]] + [None] * (len(produced) - 1)
+        raise error
+
+    monkeypatch.setattr(RdmaProducer, "send", replies_lost)
+    producer = Producer(
+        config(
+            broker.bootstrap,
+            **{
+                "rdma.produce": "exclusive",
+                "rdma.provider": provider,
+                "enable.idempotence": idempotent,
+                "linger.ms": 200,
+                "batch.num.messages": 10,
+            },
+        )
+    )
+    values = [f"again-{i}".encode() for i in range(70)]
+    try:
+        reports = clients.produce_all(
+            producer, topic, [{"value": v, "partition": 0} for v in values[:50]]
+        )
+        reports += clients.produce_all(
+            producer, topic, [{"value": v, "partition": 0} for v in values[50:]]
+        )
+    finally:
+        producer.close()
+    assert faults == [5], "one RDMA write of five batches failed"
+    assert all(error is None for error, _ in reports), reports
+    delivered = {m.value(): m.offset() for _, m in reports}
+    assert sorted(delivered) == sorted(values)
+    consumer = clients.consumer(broker.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    stored = [(m.offset(), m.value()) for m in clients.consume(consumer, 70 if idempotent else 110)]
+    if idempotent:
+        assert [v for _, v in stored] == values
+    else:
+        # The batches written again follow the RDMA write's: 2-5 twice, then the rest.
+        assert [v for _, v in stored] == values[:50] + values[10:50] + values[50:]
+    for value, offset in delivered.items():
+        assert (offset, value) in stored, (offset, value)
 
 
 def test_consumer_reads_over_rdma_in_a_group_and_commits(rdma_broker, clients: Clients, topic_name):
