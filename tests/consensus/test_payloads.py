@@ -18,6 +18,7 @@ from services.consensus.payloads import (
     SyncTxn,
     Write,
     decode_logged,
+    decode_logged_in_full,
     decode_write,
     encode_logged,
     encode_write,
@@ -122,6 +123,38 @@ def test_unknown_opcode_is_refused() -> None:
     raw[16:20] = (77).to_bytes(4, "big")
     with pytest.raises(PayloadError, match="77"):
         decode_logged(bytes(raw))
+
+
+SET_DATA_TXNS = st.builds(
+    SetDataTxn,
+    st.text(max_size=40),
+    st.binary(max_size=100),
+    st.integers(-(2**31), 2**31 - 1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SET_DATA_TXNS, st.integers(0, 2**63 - 1), st.binary(max_size=8), st.integers(0, 200))
+def test_set_data_shortcut_agrees_with_the_full_decoder(
+    body: SetDataTxn, session_id: int, noise: bytes, at: int
+) -> None:
+    """The setData shortcut of decode_logged decodes what the field-by-field decoder does
+    and refuses what it refuses: intact, cut short, extended or overwritten in places."""
+    raw = encode_logged(Logged(1_795_000_000_000, session_id, body))
+    assert (
+        decode_logged(raw)
+        == decode_logged_in_full(raw)
+        == Logged(1_795_000_000_000, session_id, body)
+    )
+    at = min(at, len(raw))
+    for variant in (raw[:at], raw + noise, raw[:at] + noise + raw[at + len(noise) :]):
+        try:
+            expected = decode_logged_in_full(variant)
+        except PayloadError:
+            with pytest.raises(PayloadError):
+                decode_logged(variant)
+        else:
+            assert decode_logged(variant) == expected
 
 
 @settings(max_examples=300, deadline=None)

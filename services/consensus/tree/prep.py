@@ -13,8 +13,7 @@ predicts the tree. Only the validation-relevant part of a node is tracked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from services.consensus.codes import CONTAINER_OWNER, CreateMode, ErrorCode, Perm
 from services.consensus.jute.records import ACL
@@ -54,9 +53,10 @@ if TYPE_CHECKING:
     from services.consensus.tree.datatree import DataTree
 
 
-@dataclass(frozen=True, slots=True)
-class _Rec:
-    """What validation needs to know about a node (ZooKeeper's ChangeRecord)."""
+class _Rec(NamedTuple):
+    """What validation needs to know about a node (ZooKeeper's ChangeRecord). A named
+    tuple: every write makes a changed copy, and _replace is several times cheaper than
+    dataclasses.replace."""
 
     version: int
     cversion: int
@@ -244,7 +244,7 @@ class Preparer:
                 raise KeeperError(ErrorCode.NONODE, path)
             check_acl(node.acl, Perm.WRITE, session.auth, path)
             version = _version_after(op.version, node.version, path)
-            view.put(path, replace(node, version=version))
+            view.put(path, node._replace(version=version))
             return SetDataTxn(path, op.data, version)
         if isinstance(op, SetACL):
             path = _checked_path(op.path)
@@ -254,7 +254,7 @@ class Preparer:
                 raise KeeperError(ErrorCode.NONODE, path)
             check_acl(node.acl, Perm.ADMIN, session.auth, path)
             aversion = _version_after(op.version, node.aversion, path)
-            view.put(path, replace(node, aversion=aversion, acl=acl))
+            view.put(path, node._replace(aversion=aversion, acl=acl))
             return SetACLTxn(path, acl, aversion)
         if isinstance(op, Check):
             path = _checked_path(op.path)
@@ -295,7 +295,7 @@ class Preparer:
             owner = 0
         cversion = inc32(parent.cversion)
         view.put(
-            parent_path, replace(parent, cversion=cversion, num_children=parent.num_children + 1)
+            parent_path, parent._replace(cversion=cversion, num_children=parent.num_children + 1)
         )
         view.put(path, _Rec(0, 0, 0, owner, 0, acl))
         return CreateTxn(path, op.data, acl, owner, cversion)
@@ -316,7 +316,7 @@ class Preparer:
         parent_path = parent_of(path)
         parent = view.node(parent_path)
         assert parent is not None and parent.num_children > 0, path
-        view.put(parent_path, replace(parent, num_children=parent.num_children - 1))
+        view.put(parent_path, parent._replace(num_children=parent.num_children - 1))
         view.put(path, None)
 
 
