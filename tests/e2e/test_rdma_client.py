@@ -102,8 +102,14 @@ def test_producer_writes_over_rdma_where_confluent_would(
 
 
 @pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
 def test_batches_left_unanswered_are_written_again_over_tcp(
-    rdma_broker, clients: Clients, topic_name, monkeypatch: pytest.MonkeyPatch, idempotent: bool
+    rdma_broker,
+    clients: Clients,
+    topic_name,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    idempotent: bool,
 ):
     """A failed RDMA write that the broker committed in full but answered only for its first
     batch (the replies lost: a fault injected into RdmaProducer.send). The unanswered
@@ -131,7 +137,7 @@ def test_batches_left_unanswered_are_written_again_over_tcp(
         config(
             broker.bootstrap,
             **{
-                "rdma.produce": "exclusive",
+                "rdma.produce": mode,
                 "rdma.provider": provider,
                 "enable.idempotence": idempotent,
                 "linger.ms": 200,
