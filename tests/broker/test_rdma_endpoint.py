@@ -82,8 +82,9 @@ async def write_once(
 def test_the_loop_keeps_polling_for_the_spin_then_stops(tmp_path: Path) -> None:
     immediates, polls = asyncio.run(write_once(tmp_path, 100_000, [0.01, 0.05, 0.3, 0.5]))
     assert immediates == [77]
-    # Still spinning 0.05 s after the completion: a poll per loop turn, hundreds at least.
-    assert polls[1] - polls[0] > 20, polls
+    # Still spinning 0.05 s after the completion: a poll per loop turn (each yields the CPU
+    # first, so how many depends on what else runs; without a spin there are none).
+    assert polls[1] - polls[0] >= 3, polls
     # Stopped after the 0.1 s spin ended: no completion came, no poll since.
     assert polls[3] == polls[2], polls
 

@@ -10,15 +10,17 @@ paper's are.
 After a completion the loop keeps polling for ``rdma_poll_spin_us``, once per loop turn
 (other work interleaves): a write that follows soon, as the next one of a producer or a
 push usually does, is then taken without sleeping on the doorbell and waking up, which on
-these machines costs more than the broker's work for a small write. An idle broker spends
-nothing on it; the poller thread (no doorbell) does not spin. Off by default: it pays only
-where the broker has cores of its own.
+these machines costs more than the broker's work for a small write. Each such turn yields
+the CPU first (sched_yield), so the spin takes only CPU that no other runnable process
+wants. An idle broker spends nothing on it; the poller thread (no doorbell) does not spin.
+Off by default: it pays only where the broker has cores of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -150,6 +152,7 @@ class RdmaEndpoint:
 
     def _spun(self) -> None:
         self._spinning = False
+        os.sched_yield()  # spin on CPU no other process wants
         self._drain()
 
     def _take_qp(self, qp: QueuePair) -> None:
