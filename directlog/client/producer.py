@@ -32,7 +32,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from directlog.client.common import LoopThread, RdmaConfig, leader_address
-from directlog.client.rdma_produce import Produced, RdmaProduceError, RdmaProducer
+from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
 from directlog.protocol.api import APIS, ApiKey
 from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
@@ -278,21 +278,19 @@ class Producer:
             batches.append(self._batch(writer, records))
             groups.append(group)
         assert writer.writer is not None
-        produced: list[Produced | None]
         try:
-            produced = list(await writer.writer.send(batches))
+            produced = await writer.writer.send(batches)
         except RdmaProduceError as error:
             self._fall_back(writer, f"RDMA write failed: {error}")
-            produced = error.produced or [None] * len(batches)
-            for group, batch, done in zip(groups, batches, produced, strict=True):
+            answered = error.produced or [None] * len(batches)
+            for group, batch, done in zip(groups, batches, answered, strict=True):
                 if done is None:
                     await self._resend(writer, group, batch)
                 else:
                     self._delivered(writer, group, done.base_offset)
             return
-        for group, done in zip(groups, produced, strict=True):
-            assert done is not None
-            self._delivered(writer, group, done.base_offset)
+        for group, result in zip(groups, produced, strict=True):
+            self._delivered(writer, group, result.base_offset)
 
     def _batch(self, writer: _PartitionWriter, records: list[Record]) -> bytes:
         if self._producer_id is None:
@@ -341,23 +339,23 @@ class Producer:
         passes; its records are reported either way."""
         api = APIS[ApiKey.PRODUCE]
         topic_data = api.request.TopicProduceData
+        request = api.request(
+            transactional_id=None,
+            acks=self._acks,
+            timeout_ms=int(min(self._timeout, 30.0) * 1000),
+            topic_data=[
+                topic_data(
+                    name=writer.topic,
+                    partition_data=[
+                        topic_data.PartitionProduceData(index=writer.partition, records=batch)
+                    ],
+                )
+            ],
+        )
+        request.API_VERSION = PRODUCE_VERSION  # every attempt sends it with a new header
         deadline = time.monotonic() + self._timeout
         why = "no attempt"
         while time.monotonic() < deadline:
-            request = api.request(
-                transactional_id=None,
-                acks=self._acks,
-                timeout_ms=int(min(self._timeout, 30.0) * 1000),
-                topic_data=[
-                    topic_data(
-                        name=writer.topic,
-                        partition_data=[
-                            topic_data.PartitionProduceData(index=writer.partition, records=batch)
-                        ],
-                    )
-                ],
-            )
-            request.API_VERSION = PRODUCE_VERSION
             try:
                 address = await asyncio.to_thread(
                     leader_address, self._tcp, writer.topic, writer.partition, self._timeout
