@@ -314,9 +314,18 @@ class RdmaConsumer:
             self._qp.post_read(wr_id, local, remote_addr, rkey)
         except RdmaError as error:
             raise _LostQueuePair(f"READ not posted: {error}") from None
-        completion = await self._completion()
+        completion = self._completed() or await self._completion()
         if not completion.ok:
             raise _LostQueuePair(f"READ failed: {completion.status.name}")
+
+    def _completed(self) -> WorkCompletion | None:
+        """The current queue pair's completion if it is there already (shm completes a
+        READ before post returns), skipping a lost queue pair's leftovers; else None."""
+        assert self._qp is not None
+        while completions := self._cq.poll(1, timeout=0):
+            if completions[0].qp_num == self._qp.qp_num:
+                return completions[0]
+        return None
 
     async def _completion(self) -> WorkCompletion:
         """The next completion of the current queue pair (one op is out at a time)."""
@@ -325,12 +334,14 @@ class RdmaConsumer:
         spin_until = time.perf_counter() + SPIN_SECONDS
         while True:
             if time.perf_counter() < spin_until:
-                completions = self._cq.poll(1, timeout=0)
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _LostQueuePair("no completion in time")
-                completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 0.5))
+                found = self._completed()
+                if found is not None:
+                    return found
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _LostQueuePair("no completion in time")
+            completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 0.5))
             for completion in completions:
                 if completion.qp_num == self._qp.qp_num:
                     return completion
@@ -357,7 +368,7 @@ class RdmaConsumer:
             qp.post_write_with_imm(
                 BIND_WR, self._slot.sge(0, 8), grant.bind_addr, grant.bind_rkey, self._consumer_id
             )
-            completion = await self._completion()
+            completion = self._completed() or await self._completion()
         except (RdmaError, _LostQueuePair) as error:
             raise await self._fail(f"bind failed: {error}", retriable=True) from None
         if not completion.ok:

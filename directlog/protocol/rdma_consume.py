@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -176,13 +177,13 @@ SLOT_SIZE = _SLOT_BODY.size + _SLOT_CRC.size
 assert SLOT_SIZE == 48
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
+class Slot(NamedTuple):
     """What the broker says of one segment a consumer reads: bytes before
     ``readable_end`` are readable (whole batches, all below the high watermark) through
     ``addr``/``rkey`` (``length`` bytes registered; a segment sealed by a roll is
     registered anew at its final size). MUTABLE: readable_end may still grow. REVOKED:
-    the access ended (leadership moved, the segment was deleted); ask again."""
+    the access ended (leadership moved, the segment was deleted); ask again. A named
+    tuple: a consumer decodes one per poll."""
 
     version: int
     flags: int
@@ -227,4 +228,4 @@ def read_slot(buf: Buffer, at: int = 0) -> Slot | None:
     crc, _ = _SLOT_CRC.unpack_from(view, at + _SLOT_BODY.size)
     if crc32c(view[at : at + _SLOT_BODY.size]) != crc:
         return None
-    return Slot(*_SLOT_BODY.unpack_from(view, at))
+    return Slot._make(_SLOT_BODY.unpack_from(view, at))

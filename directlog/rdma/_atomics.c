@@ -11,10 +11,15 @@
  * inside the buffer and be 8-byte aligned (IndexError / ValueError otherwise), so a caller
  * can never touch memory outside what it holds. Values are native-endian unsigned 64-bit;
  * arguments are taken modulo 2**64 (fetch_add(buf, off, 2**64 - 1) subtracts one).
- * address() gives the virtual address of a buffer, which registered regions advertise. */
+ * address() gives the virtual address of a buffer, which registered regions advertise.
+ *
+ * guarded_copy() is the shm provider's READ and WRITE in one call: the region table's
+ * admit, the copy and the finish (region_table.py), which in Python cost more than the
+ * copy of a small op itself. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The word at buffer[offset], with the buffer held in *view (release it after use). */
 static uint64_t *word_at(PyObject *buffer, PyObject *offset_obj, int flags, Py_buffer *view)
@@ -123,6 +128,79 @@ static PyObject *address(PyObject *module, PyObject *buffer)
     return PyLong_FromUnsignedLongLong((unsigned long long)value);
 }
 
+/* A byte range of a buffer, bounds-checked, held in *view (release it after use). */
+static char *range_at(PyObject *buffer, PyObject *offset_obj, Py_ssize_t length, int flags,
+                      Py_buffer *view)
+{
+    Py_ssize_t offset = PyLong_AsSsize_t(offset_obj);
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(buffer, view, flags) < 0)
+        return NULL;
+    if (offset < 0 || offset > view->len - length) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_IndexError, "%zd bytes at %zd outside a buffer of %zd bytes", length,
+                     offset, view->len);
+        return NULL;
+    }
+    return (char *)view->buf + offset;
+}
+
+enum { COPIED = 0, NOT_ADMITTED = 1, RACED = 2 };
+
+/* guarded_copy(table, entry, ctl, dst, dst_offset, src, src_offset, length) -> int
+ *
+ * Under the region-table entry at byte `entry` of `table` (its ctl word first, its inflight
+ * count 8 bytes on): count this access in, and unless the ctl word is no longer `ctl`
+ * (revoked: NOT_ADMITTED, nothing copied), copy `length` bytes from src to dst, look at
+ * ctl once more (RACED when a revocation came meanwhile, COPIED otherwise) and count the
+ * access out. The same handshake as TableView.admit and finish. */
+static PyObject *guarded_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer table, dst_view, src_view;
+    uint64_t ctl;
+    int result = COPIED;
+    if (check_nargs("guarded_copy", nargs, 8) < 0 || unsigned_arg(args[2], &ctl) < 0)
+        return NULL;
+    Py_ssize_t length = PyLong_AsSsize_t(args[7]);
+    if (length == -1 && PyErr_Occurred())
+        return NULL;
+    if (length < 0)
+        return PyErr_Format(PyExc_ValueError, "negative length %zd", length);
+    char *entry = range_at(args[0], args[1], 16, PyBUF_WRITABLE, &table);
+    if (entry == NULL)
+        return NULL;
+    if ((uintptr_t)entry % 8 != 0) {
+        PyBuffer_Release(&table);
+        return PyErr_Format(PyExc_ValueError, "table entry is not 8-byte aligned");
+    }
+    char *dst = range_at(args[3], args[4], length, PyBUF_WRITABLE, &dst_view);
+    if (dst == NULL) {
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    char *src = range_at(args[5], args[6], length, PyBUF_SIMPLE, &src_view);
+    if (src == NULL) {
+        PyBuffer_Release(&dst_view);
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    uint64_t *ctl_word = (uint64_t *)entry, *inflight = (uint64_t *)(entry + 8);
+    __atomic_fetch_add(inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(ctl_word, __ATOMIC_SEQ_CST) != ctl) {
+        result = NOT_ADMITTED;
+    } else {
+        memmove(dst, src, (size_t)length);
+        if (__atomic_load_n(ctl_word, __ATOMIC_SEQ_CST) != ctl)
+            result = RACED;
+    }
+    __atomic_fetch_sub(inflight, 1, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&src_view);
+    PyBuffer_Release(&dst_view);
+    PyBuffer_Release(&table);
+    return PyLong_FromLong(result);
+}
+
 static PyMethodDef methods[] = {
     {"fetch_add", (PyCFunction)(void (*)(void))fetch_add, METH_FASTCALL,
      "fetch_add(buffer, offset, value) -> old: atomically add value to the word."},
@@ -134,6 +212,10 @@ static PyMethodDef methods[] = {
     {"store", (PyCFunction)(void (*)(void))store, METH_FASTCALL,
      "store(buffer, offset, value): an atomic write of the word."},
     {"address", address, METH_O, "address(buffer) -> int: the buffer's virtual address."},
+    {"guarded_copy", (PyCFunction)(void (*)(void))guarded_copy, METH_FASTCALL,
+     "guarded_copy(table, entry, ctl, dst, dst_offset, src, src_offset, length) -> int: "
+     "copy under a region-table entry's admit/finish handshake; 0 copied, 1 not admitted "
+     "(revoked, nothing copied), 2 copied while a revocation raced it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -141,4 +223,16 @@ static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_atomics", "64-bit atomics on shared memory.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__atomics(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__atomics(void)
+{
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(module, "COPIED", COPIED) < 0 ||
+        PyModule_AddIntConstant(module, "NOT_ADMITTED", NOT_ADMITTED) < 0 ||
+        PyModule_AddIntConstant(module, "RACED", RACED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

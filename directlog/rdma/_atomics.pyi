@@ -7,3 +7,19 @@ def compare_exchange(buffer: _Buffer, offset: int, expected: int, desired: int, 
 def load(buffer: _Buffer, offset: int, /) -> int: ...
 def store(buffer: _Buffer, offset: int, value: int, /) -> None: ...
 def address(buffer: _Buffer, /) -> int: ...
+
+COPIED: int
+NOT_ADMITTED: int
+RACED: int
+
+def guarded_copy(
+    table: _Buffer,
+    entry: int,
+    ctl: int,
+    dst: _Buffer,
+    dst_offset: int,
+    src: _Buffer,
+    src_offset: int,
+    length: int,
+    /,
+) -> int: ...

@@ -92,7 +92,8 @@ class Entry:
         return WcStatus.SUCCESS
 
 
-def _entry_at(slot: int) -> int:
+def entry_offset(slot: int) -> int:
+    """Where entry ``slot`` starts in the table (its ctl word, then inflight)."""
     return HEADER_SIZE + ENTRY_SIZE * slot
 
 
@@ -103,7 +104,7 @@ class TableView:
         magic, version, entry_size, capacity, _pid = HEADER.unpack_from(buf, 0)
         if magic != MAGIC or version != VERSION or entry_size != ENTRY_SIZE:
             raise ValueError("not a directlog region table")
-        if len(buf) < _entry_at(capacity):
+        if len(buf) < entry_offset(capacity):
             raise ValueError("region table shorter than its capacity")
         self.buf = buf
         self.capacity = capacity
@@ -122,7 +123,7 @@ class TableView:
         slot = rkey & 0xFFFF
         if slot >= self.capacity:
             return None
-        at = _entry_at(slot)
+        at = entry_offset(slot)
         for _ in range(64):  # an owner rewrites an entry in microseconds
             ctl = _atomics.load(self.buf, at + CTL_AT)
             if ctl & 0xFF != VALID:
@@ -140,7 +141,7 @@ class TableView:
 
     def admit(self, entry: Entry) -> bool:
         """Start an access under ``entry``: False when it was revoked (nothing to undo)."""
-        at = _entry_at(entry.slot)
+        at = entry_offset(entry.slot)
         _atomics.fetch_add(self.buf, at + INFLIGHT_AT, 1)
         if _atomics.load(self.buf, at + CTL_AT) == entry.ctl:
             return True
@@ -149,7 +150,7 @@ class TableView:
 
     def finish(self, entry: Entry) -> bool:
         """End an admitted access: False when a revocation raced it (see module doc)."""
-        at = _entry_at(entry.slot)
+        at = entry_offset(entry.slot)
         still_valid = _atomics.load(self.buf, at + CTL_AT) == entry.ctl
         _atomics.fetch_add(self.buf, at + INFLIGHT_AT, MINUS_ONE)
         return still_valid
@@ -165,7 +166,7 @@ class RegionTable:
         if not 1 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"region table capacity must be 1..{MAX_CAPACITY}")
         self.path = path
-        size = _entry_at(capacity)
+        size = entry_offset(capacity)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -189,7 +190,7 @@ class RegionTable:
         slot = self._free.popleft()
         self._tags[slot] = self._tags[slot] % 0xFFFF + 1
         rkey = self._tags[slot] << 16 | slot
-        at = _entry_at(slot)
+        at = entry_offset(slot)
         generation = _atomics.load(self.buf, at + CTL_AT) >> 8
         FIELDS.pack_into(
             self.buf, at + FIELDS_AT, rkey, int(access), pd, len(encoded), addr, length, file_offset
@@ -202,7 +203,7 @@ class RegionTable:
         """Refuse every later access to ``rkey`` and wait for admitted ones to finish. False
         when they did not within ``drain_timeout``: the slot is then retired."""
         slot = rkey & 0xFFFF
-        at = _entry_at(slot)
+        at = entry_offset(slot)
         generation = _atomics.load(self.buf, at + CTL_AT) >> 8
         _atomics.store(self.buf, at + CTL_AT, (generation + 1) << 8 | REVOKED)
         deadline = time.monotonic() + drain_timeout

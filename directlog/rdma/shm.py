@@ -33,7 +33,7 @@ from pathlib import Path
 
 from directlog.rdma import _atomics
 from directlog.rdma.progress import HANGUP, READ, Connection
-from directlog.rdma.region_table import Entry, TableView
+from directlog.rdma.region_table import Entry, TableView, entry_offset
 from directlog.rdma.soft_core import (
     ARMED_AT,
     ATOMICS,
@@ -83,7 +83,8 @@ class _PeerMapping:
     entry: Entry
     mapping: mmap.mmap
     view: memoryview
-    delta: int
+    delta: int  # the region's start in ``view``
+    table_at: int  # the entry's offset in the peer's table
 
     def close(self) -> None:
         self.view.release()
@@ -155,38 +156,69 @@ class ShmQueuePair(SoftQueuePair, Connection):
     def _execute(self, wr: SendWr) -> None:
         peer = self._peer
         assert peer is not None
-        if wr.opcode is Opcode.WRITE_WITH_IMM:
+        opcode = wr.opcode
+        if opcode is Opcode.WRITE_WITH_IMM:
             status = self._wait_for_receive(peer)
             if status is not WcStatus.SUCCESS:
                 self._fail(wr, status)
                 return
-        grant = self._admit(peer, wr)
-        if isinstance(grant, WcStatus):
-            self._fail(wr, grant)
+        atomic = opcode in ATOMICS
+        status = self._atomic(peer, wr) if atomic else self._copy(peer, wr, cached=True)
+        if status is not WcStatus.SUCCESS:
+            self._fail(wr, status)
             return
-        mapping, at = grant
-        local = self._local_view(wr)
-        try:
-            if wr.opcode is Opcode.READ:
-                local[:] = mapping.view[at : at + len(local)]
-            elif wr.opcode is Opcode.FETCH_AND_ADD:
-                NATIVE_WORD.pack_into(
-                    local, 0, _atomics.fetch_add(mapping.view, at, wr.compare_add)
-                )
-            elif wr.opcode is Opcode.COMPARE_AND_SWAP:
-                old = _atomics.compare_exchange(mapping.view, at, wr.compare_add, wr.swap)
-                NATIVE_WORD.pack_into(local, 0, old)
-            else:
-                mapping.view[at : at + len(local)] = local
-        finally:
-            local.release()
-            still_valid = peer.table.finish(mapping.entry)
-        if not still_valid:
-            self._fail(wr, WcStatus.REM_ACCESS_ERR)
-            return
-        if wr.opcode is Opcode.WRITE_WITH_IMM:
+        if opcode is Opcode.WRITE_WITH_IMM:
             self._deliver_immediate(peer, wr.imm, wr.local.length)
         self._complete(wr, WcStatus.SUCCESS)
+
+    def _copy(self, peer: ShmPeer, wr: SendWr, cached: bool) -> WcStatus:
+        """A READ or WRITE: the copy, admitted and finished in one C call. A mapping cached
+        under a revoked registration is dropped and the rkey looked up afresh, once."""
+        mapping = self._mappings.get(wr.rkey) if cached else None
+        if mapping is None:
+            found = self._mapping(peer, wr)
+            if isinstance(found, WcStatus):
+                return found
+            mapping = found
+        entry = mapping.entry
+        local = wr.local
+        length = local.length
+        status = entry.check(wr.remote_addr, length, NEEDED[wr.opcode], peer.pd)
+        if status is not WcStatus.SUCCESS:
+            return status
+        at = mapping.delta + wr.remote_addr - entry.addr
+        table, table_at, ctl = peer.table.buf, mapping.table_at, entry.ctl
+        if wr.opcode is Opcode.READ:
+            done = _atomics.guarded_copy(
+                table, table_at, ctl, local.mr.buf, local.offset, mapping.view, at, length
+            )
+        else:
+            done = _atomics.guarded_copy(
+                table, table_at, ctl, mapping.view, at, local.mr.buf, local.offset, length
+            )
+        if done == _atomics.COPIED:
+            return WcStatus.SUCCESS
+        if done == _atomics.NOT_ADMITTED and cached:
+            self._forget(wr.rkey)
+            return self._copy(peer, wr, cached=False)
+        return WcStatus.REM_ACCESS_ERR
+
+    def _atomic(self, peer: ShmPeer, wr: SendWr) -> WcStatus:
+        """FETCH_AND_ADD or COMPARE_AND_SWAP: the CPU atomic between admit and finish."""
+        grant = self._admit(peer, wr)
+        if isinstance(grant, WcStatus):
+            return grant
+        mapping, at = grant
+        try:
+            if wr.opcode is Opcode.FETCH_AND_ADD:
+                old = _atomics.fetch_add(mapping.view, at, wr.compare_add)
+            else:
+                old = _atomics.compare_exchange(mapping.view, at, wr.compare_add, wr.swap)
+            local = wr.local
+            NATIVE_WORD.pack_into(local.mr.buf, local.offset, old)
+        finally:
+            still_valid = peer.table.finish(mapping.entry)
+        return WcStatus.SUCCESS if still_valid else WcStatus.REM_ACCESS_ERR
 
     def _wait_for_receive(self, peer: ShmPeer) -> WcStatus:
         """Until the peer has a receive for us (its RNR wait), at most rnr_timeout."""
@@ -210,36 +242,44 @@ class ShmQueuePair(SoftQueuePair, Connection):
             os.eventfd_write(peer.eventfd, 1)
 
     def _admit(self, peer: ShmPeer, wr: SendWr) -> tuple[_PeerMapping, int] | WcStatus:
-        """The mapping and offset to operate on, admitted in the peer's table; or why not."""
-        length = wr.local.length
-        needed = NEEDED[wr.opcode]
+        """The mapping and offset an atomic operates on, admitted in the peer's table; or
+        why not."""
         mapping = self._mappings.get(wr.rkey)
         if mapping is None or not peer.table.admit(mapping.entry):
             if mapping is not None:
-                del self._mappings[wr.rkey]
-                mapping.close()
-            entry = peer.table.lookup(wr.rkey)
-            if entry is None:
+                self._forget(wr.rkey)
+            found = self._mapping(peer, wr)
+            if isinstance(found, WcStatus):
+                return found
+            mapping = found
+            if not peer.table.admit(mapping.entry):
                 return WcStatus.REM_ACCESS_ERR
-            status = entry.check(wr.remote_addr, length, needed, peer.pd)
-            if status is not WcStatus.SUCCESS:
-                return status
-            mapped = self._map(entry)
-            if mapped is None:
-                return WcStatus.REM_ACCESS_ERR
-            mapping = mapped
-            if not peer.table.admit(entry):
-                mapping.close()
-                return WcStatus.REM_ACCESS_ERR
-            self._remember(wr.rkey, mapping)
         entry = mapping.entry
-        status = entry.check(wr.remote_addr, length, needed, peer.pd)
-        if status is WcStatus.SUCCESS and wr.opcode in ATOMICS and wr.remote_addr % 8:
+        status = entry.check(wr.remote_addr, wr.local.length, REMOTE_ATOMIC, peer.pd)
+        if status is WcStatus.SUCCESS and wr.remote_addr % 8:
             status = WcStatus.REM_INV_REQ_ERR
         if status is not WcStatus.SUCCESS:
             peer.table.finish(entry)
             return status
         return mapping, mapping.delta + wr.remote_addr - entry.addr
+
+    def _mapping(self, peer: ShmPeer, wr: SendWr) -> _PeerMapping | WcStatus:
+        """The peer's region ``wr`` names, looked up in its table and, when ``wr`` may
+        access it, mapped here."""
+        entry = peer.table.lookup(wr.rkey)
+        if entry is None:
+            return WcStatus.REM_ACCESS_ERR
+        status = entry.check(wr.remote_addr, wr.local.length, NEEDED[wr.opcode], peer.pd)
+        if status is not WcStatus.SUCCESS:
+            return status
+        mapping = self._map(entry)
+        if mapping is None:
+            return WcStatus.REM_ACCESS_ERR
+        self._remember(wr.rkey, mapping)
+        return mapping
+
+    def _forget(self, rkey: int) -> None:
+        self._mappings.pop(rkey).close()
 
     def _map(self, entry: Entry) -> _PeerMapping | None:
         writable = bool(entry.access & (REMOTE_WRITE | REMOTE_ATOMIC))
@@ -259,7 +299,7 @@ class ShmQueuePair(SoftQueuePair, Connection):
             return None
         finally:
             os.close(fd)
-        return _PeerMapping(entry, mapping, memoryview(mapping), delta)
+        return _PeerMapping(entry, mapping, memoryview(mapping), delta, entry_offset(entry.slot))
 
     def _remember(self, rkey: int, mapping: _PeerMapping) -> None:
         if len(self._mappings) >= MAX_PEER_MAPPINGS:

@@ -60,6 +60,7 @@ NEEDED = {
 WRITES_LOCAL = frozenset({Opcode.READ, Opcode.FETCH_AND_ADD, Opcode.COMPARE_AND_SWAP})
 ATOMICS = frozenset({Opcode.FETCH_AND_ADD, Opcode.COMPARE_AND_SWAP})
 NATIVE_WORD = struct.Struct("=Q")
+U32_END, U64_END = 1 << 32, 1 << 64
 
 REVOKE_DRAIN_TIMEOUT = 1.0
 CQ_CONTROL_SIZE = 64
@@ -441,9 +442,12 @@ class SoftQueuePair(QueuePair):
         """Completions that live outside the CQ's deque (shm's receive ring)."""
 
     def _post(self, wr: SendWr) -> None:
-        check_u64("wr_id", wr.wr_id)
-        check_u64("remote_addr", wr.remote_addr)
-        check_u32("rkey", wr.rkey)
+        if not (
+            0 <= wr.wr_id < U64_END and 0 <= wr.remote_addr < U64_END and 0 <= wr.rkey < U32_END
+        ):
+            check_u64("wr_id", wr.wr_id)  # one test on the hot path; these name the culprit
+            check_u64("remote_addr", wr.remote_addr)
+            check_u32("rkey", wr.rkey)
         local = wr.local
         if local.offset < 0 or local.length < 0:
             raise InvalidWorkRequestError("local offset and length must not be negative")

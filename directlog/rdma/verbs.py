@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import NamedTuple, Self
 
 from directlog.rdma import _atomics
 
@@ -114,10 +114,10 @@ class QpState(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(slots=True, frozen=True)
-class WorkCompletion:
+class WorkCompletion(NamedTuple):
     """One completed work request. ``imm_data`` is set on RECV_RDMA_WITH_IMM only;
-    ``byte_len`` is the bytes moved (for a receive: the bytes the peer wrote)."""
+    ``byte_len`` is the bytes moved (for a receive: the bytes the peer wrote). A named
+    tuple, like Sge: one is made per op, and a frozen dataclass costs 4x more to make."""
 
     wr_id: int
     status: WcStatus
@@ -242,8 +242,7 @@ class MemoryRegion(ABC):
         return Sge(self, offset, self.length - offset if length is None else length)
 
 
-@dataclass(slots=True, frozen=True)
-class Sge:
+class Sge(NamedTuple):
     """A local buffer: ``length`` bytes at ``offset`` of a registered region."""
 
     mr: MemoryRegion
