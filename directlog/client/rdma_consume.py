@@ -341,7 +341,7 @@ class RdmaConsumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _LostQueuePair("no completion in time")
-            completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 0.5))
+            completions = await self._cq.poll_async(1, min(remaining, 0.5))
             for completion in completions:
                 if completion.qp_num == self._qp.qp_num:
                     return completion

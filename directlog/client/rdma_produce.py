@@ -291,7 +291,7 @@ class RdmaProducer:
             if remaining <= 0:
                 await self.close()
                 raise RdmaProduceError("no commit reply from the broker in time")
-            completions = await asyncio.to_thread(self._cq.poll, 1, min(remaining, 1.0))
+            completions = await self._cq.poll_async(2 * self._window, min(remaining, 1.0))
         for completion in completions:
             await self._handle(completion, results)
 

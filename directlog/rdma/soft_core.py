@@ -17,6 +17,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,8 +316,7 @@ class SoftCompletionQueue(CompletionQueue):
             return found
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            _atomics.fetch_add(self._control, ARMED_AT, 1)
-            try:
+            with self.armed():
                 found = self._collect(max_entries)
                 if found:
                     return found
@@ -324,10 +324,15 @@ class SoftCompletionQueue(CompletionQueue):
                 if wait is not None and wait <= 0:
                     return found
                 select.select([self.eventfd], [], [], wait)
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self.eventfd)
-            finally:
-                _atomics.fetch_add(self._control, ARMED_AT, (1 << 64) - 1)
+                self._heard()
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[Doorbell]:
+        _atomics.fetch_add(self._control, ARMED_AT, 1)
+        try:
+            yield Doorbell(self.eventfd, self._heard)
+        finally:
+            _atomics.fetch_add(self._control, ARMED_AT, U64_END - 1)
 
     def _collect(self, max_entries: int) -> list[WorkCompletion]:
         found: list[WorkCompletion] = []

@@ -21,11 +21,13 @@ Semantics every provider keeps:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -263,8 +265,45 @@ class CompletionQueue(ABC):
 
     def doorbell(self) -> Doorbell | None:
         """What an event loop can wait on instead of a thread in ``poll`` (ibverbs'
-        completion channel); None when the provider has none."""
+        completion channel), rung for every completion from now on; None when the provider
+        has none."""
         return None
+
+    def armed(self) -> AbstractContextManager[Doorbell | None]:
+        """A doorbell rung only for completions added while the context lasts (None when
+        the provider has none): a poster that seldom waits pays no system call per op,
+        as it does once ``doorbell()`` was called."""
+        return nullcontext()
+
+    async def poll_async(self, max_entries: int, timeout: float) -> list[WorkCompletion]:
+        """``poll`` for an event loop: waits up to ``timeout`` seconds on the armed doorbell
+        without a thread, or (no doorbell) in a thread."""
+        found = self.poll(max_entries, timeout=0)
+        if found or timeout <= 0:
+            return found
+        with self.armed() as bell:
+            if bell is None:
+                return await asyncio.to_thread(self.poll, max_entries, timeout)
+            found = self.poll(max_entries, timeout=0)  # added before the arming: no ring
+            if found:
+                return found
+            loop = asyncio.get_running_loop()
+            rung = loop.create_future()
+            loop.add_reader(bell.fd, _settle, rung)
+            try:
+                async with asyncio.timeout(timeout):
+                    await rung
+            except TimeoutError:
+                pass
+            finally:
+                loop.remove_reader(bell.fd)
+            bell.heard()
+        return self.poll(max_entries, timeout=0)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ death (a peer killed mid-stream); those start tests/rdma/peer.py.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import mmap
 import os
@@ -20,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -336,6 +339,55 @@ def test_doorbell_turns_readable_on_each_completion(pair: Pair) -> None:
     (completion,) = pair.owner_cq.poll(4)
     assert (completion.wr_id, completion.imm_data) == (7, 5)
     assert select.select([fd], [], [], 0)[0] == []
+
+
+def test_armed_doorbell_rings_only_while_armed(pair: Pair) -> None:
+    """armed(): a waiter's doorbell that costs posters nothing once the wait is over."""
+    pair.owner_qp.post_recv(1)
+    pair.owner_qp.post_recv(2)
+    with pair.owner_cq.armed() as bell:
+        assert bell is not None
+        assert select.select([bell.fd], [], [], 0)[0] == []
+        pair.qp.post_write_with_imm(1, pair.local.sge(0, 1), pair.target.addr, pair.target.rkey, 3)
+        assert select.select([bell.fd], [], [], 5)[0] == [bell.fd]
+        bell.heard()
+        fd = bell.fd
+    pair.qp.post_write_with_imm(2, pair.local.sge(0, 1), pair.target.addr, pair.target.rkey, 4)
+    drain(pair.user_cq, 2)
+    assert select.select([fd], [], [], 0.2)[0] == []
+    assert [c.imm_data for c in drain(pair.owner_cq, 2)] == [3, 4]
+
+
+class NoThreads(concurrent.futures.ThreadPoolExecutor):
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("poll_async handed the wait to a thread")
+
+
+def test_poll_async_waits_on_the_event_loop_without_a_thread(pair: Pair) -> None:
+    """poll_async: an empty wait ends at its timeout; a completion added meanwhile (by the
+    peer, from another thread) ends it at once; the loop never hands the wait to a thread."""
+    pair.owner_qp.post_recv(9)
+
+    def post_later() -> None:
+        time.sleep(0.1)
+        pair.qp.post_write_with_imm(1, pair.local.sge(0, 1), pair.target.addr, pair.target.rkey, 6)
+
+    async def run() -> tuple[float, list[int | None], float]:
+        asyncio.get_running_loop().set_default_executor(NoThreads())
+        started = time.monotonic()
+        assert await pair.owner_cq.poll_async(4, 0.2) == []
+        empty = time.monotonic() - started
+        poster = threading.Thread(target=post_later)
+        poster.start()
+        started = time.monotonic()
+        found = await pair.owner_cq.poll_async(4, 10.0)
+        waited = time.monotonic() - started
+        poster.join()
+        return empty, [c.imm_data for c in found], waited
+
+    empty, found, waited = asyncio.run(run())
+    assert empty >= 0.19
+    assert found == [6] and waited < 5.0
 
 
 def test_send_queue_is_bounded(provider: str) -> None:
