@@ -12,7 +12,12 @@
  * scan that every append paid. It only accepts or declines: a batch it declines (compressed,
  * or failing any check) goes through the Python path, which says precisely what is wrong,
  * so the two never disagree on an error. The CRC32C comes from the crc32c package, the
- * implementation every other check uses. */
+ * implementation every other check uses.
+ *
+ * decode_area turns the records of a batch into Record objects for readers (RDMA
+ * consumers, the Python client): ~5 us per record in Python, well under 1 us here. It
+ * declines in the same way: records it cannot decode are left to batch.decode_records'
+ * Python loop, which names the fault. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -252,6 +257,167 @@ static PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t n
     return result;
 }
 
+/* A bytes object of buf[*pos:*pos+length] (None for length -1), *pos moved past it. */
+static PyObject *take_bytes(const uint8_t *buf, Py_ssize_t *pos, int64_t length)
+{
+    if (length < 0)
+        return Py_NewRef(Py_None);
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)buf + *pos, (Py_ssize_t)length);
+    *pos += (Py_ssize_t)length;
+    return bytes;
+}
+
+#define DECLINE() do { Py_XDECREF(key); Py_XDECREF(value); Py_XDECREF(headers); goto declined; } while (0)
+#define TAKE(dst, lim, max) if (read_varint(buf, &pos, (lim), (max), &(dst)) != 0) DECLINE()
+
+/* The `count` records filling buf[pos:end] as a list of record_type(offset, timestamp, key,
+ * value, headers), headers a tuple of header_type(key, value); None when they do not
+ * decode (batch.decode_records then says why); NULL with an exception set on failure. */
+static PyObject *decode_records_in(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end,
+                                   Py_ssize_t count, int64_t base_offset,
+                                   int64_t base_timestamp, PyObject *fixed_timestamp,
+                                   PyObject *record_type, PyObject *header_type)
+{
+    int64_t fixed = 0;
+    if (fixed_timestamp != Py_None) {
+        fixed = PyLong_AsLongLong(fixed_timestamp);
+        if (fixed == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *records = PyList_New(0);
+    if (records == NULL)
+        return NULL;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *key = NULL, *value = NULL, *headers = NULL;
+        int64_t length, ts_delta, offset_delta, key_length, value_length, header_count;
+        int64_t offset, timestamp;
+        TAKE(length, end, VARINT_MAX);
+        if (length < 6 || length > end - pos)
+            DECLINE();
+        Py_ssize_t record_end = pos + (Py_ssize_t)length;
+        pos += 1; /* attributes */
+        TAKE(ts_delta, record_end, VARLONG_MAX);
+        TAKE(offset_delta, record_end, VARINT_MAX);
+        TAKE(key_length, record_end, VARINT_MAX);
+        if (key_length < -1 || key_length > record_end - pos)
+            DECLINE();
+        if ((key = take_bytes(buf, &pos, key_length)) == NULL)
+            goto failed;
+        TAKE(value_length, record_end, VARINT_MAX);
+        if (value_length < -1 || value_length > record_end - pos)
+            DECLINE();
+        if ((value = take_bytes(buf, &pos, value_length)) == NULL)
+            goto failed_record;
+        TAKE(header_count, record_end, VARINT_MAX);
+        if (header_count < 0 || header_count > record_end - pos)
+            DECLINE();
+        if ((headers = PyTuple_New((Py_ssize_t)header_count)) == NULL)
+            goto failed_record;
+        for (int64_t h = 0; h < header_count; h++) {
+            int64_t header_key, header_value;
+            TAKE(header_key, record_end, VARINT_MAX);
+            if (header_key < 0 || header_key > record_end - pos)
+                DECLINE();
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + pos,
+                                                  (Py_ssize_t)header_key, NULL);
+            if (name == NULL) {
+                PyErr_Clear(); /* not UTF-8: the Python path reports it */
+                DECLINE();
+            }
+            pos += (Py_ssize_t)header_key;
+            if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_value) != 0 ||
+                header_value < -1 || header_value > record_end - pos) {
+                Py_DECREF(name);
+                DECLINE();
+            }
+            PyObject *data = take_bytes(buf, &pos, header_value);
+            if (data == NULL) {
+                Py_DECREF(name);
+                goto failed_record;
+            }
+            PyObject *args[2] = {name, data};
+            PyObject *header = PyObject_Vectorcall(header_type, args, 2, NULL);
+            Py_DECREF(name);
+            Py_DECREF(data);
+            if (header == NULL)
+                goto failed_record;
+            PyTuple_SET_ITEM(headers, (Py_ssize_t)h, header);
+        }
+        if (pos != record_end || __builtin_add_overflow(base_offset, offset_delta, &offset))
+            DECLINE();
+        if (fixed_timestamp != Py_None)
+            timestamp = fixed;
+        else if (__builtin_add_overflow(base_timestamp, ts_delta, &timestamp))
+            DECLINE();
+        PyObject *numbers[2] = {PyLong_FromLongLong(offset), PyLong_FromLongLong(timestamp)};
+        if (numbers[0] == NULL || numbers[1] == NULL) {
+            Py_XDECREF(numbers[0]);
+            Py_XDECREF(numbers[1]);
+            goto failed_record;
+        }
+        PyObject *args[5] = {numbers[0], numbers[1], key, value, headers};
+        PyObject *record = PyObject_Vectorcall(record_type, args, 5, NULL);
+        Py_DECREF(numbers[0]);
+        Py_DECREF(numbers[1]);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        Py_DECREF(headers);
+        if (record == NULL)
+            goto failed;
+        int appended = PyList_Append(records, record);
+        Py_DECREF(record);
+        if (appended < 0)
+            goto failed;
+        continue;
+    failed_record:
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        goto failed;
+    }
+    if (pos != end)
+        goto declined;
+    return records;
+declined:
+    Py_DECREF(records);
+    return Py_NewRef(Py_None);
+failed:
+    Py_DECREF(records);
+    return NULL;
+}
+
+static PyObject *decode_area(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "decode_area takes 9 arguments");
+        return NULL;
+    }
+    Py_ssize_t bounds[3];
+    for (int i = 0; i < 3; i++) {
+        bounds[i] = PyLong_AsSsize_t(args[1 + i]);
+        if (bounds[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    int64_t base_offset = PyLong_AsLongLong(args[4]);
+    if (base_offset == -1 && PyErr_Occurred())
+        return NULL;
+    int64_t base_timestamp = PyLong_AsLongLong(args[5]);
+    if (base_timestamp == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0)
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t pos = bounds[0], end = bounds[1], count = bounds[2];
+    if (pos < 0 || end < pos || end > view.len || count < 0)
+        PyErr_SetString(PyExc_ValueError, "decode_area: bounds outside the buffer");
+    else
+        result = decode_records_in(view.buf, pos, end, count, base_offset, base_timestamp,
+                                   args[6], args[7], args[8]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(buffer, pos, end, count, dense) -> (min_ts_delta, max_ts_delta)"},
@@ -259,6 +425,9 @@ static PyMethodDef methods[] = {
      "check_batch(buffer, pos, end, dense) -> (size, base_offset, partition_leader_epoch, "
      "attributes, last_offset_delta, base_timestamp, max_timestamp, records_count, "
      "min_ts_delta, max_ts_delta) or None"},
+    {"decode_area", (PyCFunction)(void (*)(void))decode_area, METH_FASTCALL,
+     "decode_area(buffer, pos, end, count, base_offset, base_timestamp, fixed_timestamp, "
+     "record_type, header_type) -> list of records, or None when they do not decode"},
     {NULL, NULL, 0, NULL},
 };
 

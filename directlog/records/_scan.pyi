@@ -1,3 +1,5 @@
+from typing import Any
+
 from directlog.records.varint import Buffer
 
 def scan_records(
@@ -6,3 +8,15 @@ def scan_records(
 def check_batch(
     buffer: Buffer, pos: int, end: int, dense: bool, /
 ) -> tuple[int, int, int, int, int, int, int, int, int, int] | None: ...
+def decode_area(
+    buffer: Buffer,
+    pos: int,
+    end: int,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    fixed_timestamp: int | None,
+    record_type: Any,
+    header_type: Any,
+    /,
+) -> list[Any] | None: ...

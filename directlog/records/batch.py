@@ -7,21 +7,21 @@ Every length read from a buffer is checked against the buffer before it is used.
 
 `scan_records` (C, in _scan.c) checks the framing of every record on the append path, and
 `check_batch` (C too) everything read_header, verify_crc and scan_records check for one
-uncompressed batch; `decode_records` here is the full decoder for readers and the reference
-in tests.
+uncompressed batch; `decode_records` decodes for readers, in C (`decode_area`) with the
+Python loop here for what C declines: it names the fault, and is the reference in tests.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
 from crc32c import crc32c
 
 from directlog.records._scan import check_batch as check_batch
+from directlog.records._scan import decode_area
 from directlog.records._scan import scan_records as scan_records
 from directlog.records.compression import Compression, compress, decompress
 from directlog.records.errors import (
@@ -134,21 +134,20 @@ class BatchHeader(NamedTuple):
         return bool(self.attributes & CONTROL_FLAG)
 
 
-@dataclass(slots=True, frozen=True)
-class Header:
+class Header(NamedTuple):
     key: str
     value: bytes | None
 
 
-@dataclass(slots=True, frozen=True)
-class Record:
-    """One record with its absolute offset and timestamp."""
+class Record(NamedTuple):
+    """One record with its absolute offset and timestamp (a tuple: readers make one per
+    record, and a frozen dataclass costs several times more to make)."""
 
     offset: int
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[Header, ...] = field(default=())
+    headers: tuple[Header, ...] = ()
 
 
 def peek_offset_and_size(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:
@@ -246,6 +245,27 @@ def decode_records(
 
     Under LogAppendTime every record takes the batch's max timestamp, as Kafka defines."""
     data = records_area(buf, pos, header, max_decompressed)
+    end = len(data)
+    log_append = header.timestamp_type is TimestampType.LOG_APPEND_TIME
+    fixed_timestamp = header.max_timestamp if log_append else None
+    decoded = decode_area(
+        data,
+        0,
+        end,
+        header.records_count,
+        header.base_offset,
+        header.base_timestamp,
+        fixed_timestamp,
+        Record,
+        Header,
+    )
+    return decoded if decoded is not None else decode_area_in_python(data, header)
+
+
+def decode_area_in_python(data: Buffer, header: BatchHeader) -> list[Record]:
+    """The records of ``header``'s batch, whose (decompressed) records area is ``data``:
+    what decode_area declines, decoded here to name the fault (or, with timestamps past 64
+    bits, to return them as Python ints), and its reference in tests."""
     end = len(data)
     log_append = header.timestamp_type is TimestampType.LOG_APPEND_TIME
     records: list[Record] = []

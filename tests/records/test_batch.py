@@ -8,7 +8,6 @@ documented layout, independently of the encoder under test.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import mmap
 import struct
 import tempfile
@@ -28,6 +27,8 @@ from directlog.records.batch import (
     TimestampType,
     build_batch,
     compute_crc,
+    decode_area,
+    decode_area_in_python,
     decode_records,
     iter_batches,
     read_header,
@@ -353,7 +354,7 @@ def test_round_trip_every_codec(records: list[Record], codec: Compression, epoch
 @given(record_lists(), st.integers(0, 1 << 40), st.integers(1, 1000))
 @FAST
 def test_explicit_base_offset_with_gaps(records: list[Record], base: int, gap: int) -> None:
-    spaced = [dataclasses.replace(r, offset=base + gap * i) for i, r in enumerate(records)]
+    spaced = [r._replace(offset=base + gap * i) for i, r in enumerate(records)]
     raw, header = batch_of(spaced, base_offset=base)
     assert header.base_offset == base
     assert header.last_offset_delta == gap * (len(spaced) - 1)
@@ -382,8 +383,8 @@ def kafka_record_lists(draw: st.DrawFn) -> list[Record]:
     """Records as kafka-python's producer writes them: offsets 0..n-1, a compressible first
     record so that kafka-python keeps the requested codec."""
     records = draw(record_lists(max_size=5))
-    first = dataclasses.replace(records[0], value=b"compressible " * 200)
-    return [dataclasses.replace(r, offset=i) for i, r in enumerate([first, *records[1:]])]
+    first = records[0]._replace(value=b"compressible " * 200)
+    return [r._replace(offset=i) for i, r in enumerate([first, *records[1:]])]
 
 
 @pytest.mark.parametrize("codec", KAFKA_CODECS, ids=lambda c: c.name)
@@ -888,6 +889,41 @@ def test_scan_fuzz_agrees_with_the_python_decoder(
         assert scanned[True] == scanned[False]
     else:
         assert isinstance(scanned[True], InvalidRecordError)
+
+
+@given(
+    record_lists(max_size=4),
+    st.lists(mutation, max_size=3),
+    st.sampled_from([0, 0, 0, 0, -1, 1]),
+    st.booleans(),
+)
+@settings(max_examples=400, deadline=None)
+def test_c_decoder_agrees_with_the_python_decoder(
+    records: list[Record], ops: list[tuple[str, int, int]], count_shift: int, log_append: bool
+) -> None:
+    """decode_area (C) returns what decode_area_in_python returns, or declines (None) where
+    Python refuses the bytes, on intact and mutated records areas."""
+    raw, header = batch_of(records)
+    area = mutate(bytes(raw[HEADER_SIZE:]), ops)
+    count = max(0, len(records) + count_shift)
+    header = header._replace(records_count=count)
+    if log_append:
+        header = header._replace(attributes=header.attributes | LOG_APPEND_TIME_FLAG)
+    fixed = header.max_timestamp if log_append else None
+    args = (header.base_offset, header.base_timestamp, fixed, Record, Header)
+    decoded = decode_area(area, 0, len(area), count, *args)
+    try:
+        expected = decode_area_in_python(area, header)
+    except CorruptRecordError:
+        event("python refused")
+        assert decoded is None
+        return
+    event("python accepted")
+    if not ops and not count_shift:
+        assert decoded is not None  # an intact batch never falls back to Python
+    assert decoded is None or decoded == expected
+    if decoded is not None:
+        assert all(type(r) is Record and all(type(h) is Header for h in r.headers) for r in decoded)
 
 
 @given(record_lists(max_size=4), st.binary(min_size=1, max_size=64))
