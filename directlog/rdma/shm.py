@@ -162,8 +162,7 @@ class ShmQueuePair(SoftQueuePair, Connection):
             if status is not WcStatus.SUCCESS:
                 self._fail(wr, status)
                 return
-        atomic = opcode in ATOMICS
-        status = self._atomic(peer, wr) if atomic else self._copy(peer, wr, cached=True)
+        status = self._atomic(peer, wr) if opcode in ATOMICS else self._copy(peer, wr, cached=True)
         if status is not WcStatus.SUCCESS:
             self._fail(wr, status)
             return
