@@ -134,6 +134,7 @@ class RdmaProducer:
         self._order = 0  # exclusive: the next write's order
         self._in_flight: deque[int] = deque()  # batch index (or MARKER) per unanswered write
         self._sends = 0  # send work requests whose completion is not polled yet
+        self._stage_head = 0  # where the next batch goes in staging
         self._replied = 0  # replies read on this queue pair
         self._reserved: int | None = None  # the old word of the last reservation
         self._ended = False  # the current grant answered that it is over
@@ -199,14 +200,15 @@ class RdmaProducer:
         results: list[Produced | None],
         deadline: float,
     ) -> bool:
-        """Post batches from ``first`` on, a window at a time, and collect the replies;
-        True when the grant ended and must be renewed first."""
-        staged = 0
+        """Post batches from ``first`` on, up to ``window`` unanswered and as far as the
+        staging ring has room, collecting replies meanwhile; True when the grant ended and
+        must be renewed first."""
         for index in range(first, len(batches)):
             size = len(batches[index])
-            if len(self._in_flight) == self._window or staged + size > self._staging_bytes:
-                await self._drain(results, deadline)
-                staged = 0
+            while len(self._in_flight) == self._window or (staged := self._stage(size)) < 0:
+                if self._ended:
+                    return True
+                await self._poll(results, deadline)
             if self._ended:
                 return True
             grant = self._grant
@@ -232,9 +234,21 @@ class RdmaProducer:
                 self._written += size
             self._staging.buf[staged : staged + size] = batches[index]
             self._post(index, staged, size, grant.addr + offset, grant.rkey, order)
-            staged += size
+            self._stage_head = staged + size
         await self._drain(results, deadline)
         return self._ended
+
+    def _stage(self, size: int) -> int:
+        """Where in staging a batch of ``size`` bytes goes now, or -1 to wait. Staging is
+        filled front to back and starts over once every send completed (the provider
+        has read all it holds: at once on shm, soon on tcp and an RNIC), so the window,
+        not the staging, paces the writes."""
+        if self._stage_head + size <= self._staging_bytes:
+            return self._stage_head
+        if self._sends == 0:
+            self._stage_head = 0
+            return 0
+        return -1
 
     def _post(self, index: int, staged: int, size: int, remote: int, rkey: int, order: int) -> None:
         assert self._qp is not None and self._staging is not None and self._grant is not None
@@ -369,6 +383,7 @@ class RdmaProducer:
         self._written, self._order = 0, 0
         self._in_flight.clear()
         self._sends, self._replied, self._ended = 0, 0, False
+        self._stage_head = 0  # the old queue pair is closed: nothing reads staging
 
     async def _request_access(self, min_free: int) -> RdmaAccessResponse:
         assert self._connection is not None and self._replies is not None

@@ -126,6 +126,31 @@ def test_rdma_and_kafka_records_read_back_in_order(rdma_broker, clients, topic_n
     ]
 
 
+def test_small_staging_is_reused_as_writes_stay_in_flight(rdma_broker, clients, topic_name):
+    """Staging of three 64 KiB batches under a window of 16: the producer fills staging
+    front to back and starts over while replies are outstanding, dozens of times, and
+    every record lands in order as written. (That it waits for the sends first matters
+    where the provider reads staging after post returns: an RNIC, or tcp while its socket
+    is full; shm copies in post.)"""
+    broker, provider = rdma_broker
+    topic = topic_name("ring")
+    clients.create_topic(broker.bootstrap, topic, config=PREALLOCATED)
+    now = int(time.time() * 1000)
+    pad = os.urandom(1000)
+    batches = [
+        build_batch([Record(j, now, None, b"%06d" % (b * 64 + j) + pad) for j in range(64)])
+        for b in range(96)
+    ]
+    staging = 3 * max(len(b) for b in batches)
+    produced = rdma_send(
+        broker.bootstrap, topic, provider, batches, window=16, staging_bytes=staging
+    )
+    assert produced == [Produced(64 * i, 64) for i in range(96)]
+    assert values(clients, broker.bootstrap, topic, 96 * 64) == [
+        (i, b"%06d" % i + pad) for i in range(96 * 64)
+    ]
+
+
 def test_second_exclusive_grant_and_kafka_produce_are_refused(rdma_broker, clients, topic_name):
     broker, provider = rdma_broker
     topic = topic_name("excl")
