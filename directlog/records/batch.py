@@ -245,20 +245,10 @@ def decode_records(
 
     Under LogAppendTime every record takes the batch's max timestamp, as Kafka defines."""
     data = records_area(buf, pos, header, max_decompressed)
-    end = len(data)
     log_append = header.timestamp_type is TimestampType.LOG_APPEND_TIME
+    fields = (header.records_count, header.base_offset, header.base_timestamp)
     fixed_timestamp = header.max_timestamp if log_append else None
-    decoded = decode_area(
-        data,
-        0,
-        end,
-        header.records_count,
-        header.base_offset,
-        header.base_timestamp,
-        fixed_timestamp,
-        Record,
-        Header,
-    )
+    decoded = decode_area(data, 0, len(data), *fields, fixed_timestamp, Record, Header)
     return decoded if decoded is not None else decode_area_in_python(data, header)
 
 
