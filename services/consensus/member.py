@@ -142,6 +142,7 @@ class Member:
         self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"consensus-{member_id}-disk")
         self._disk_job: Future[int] | None = None  # the log write under way, if any
         self._disk_jobs = 0  # jobs (log writes, snapshots) submitted and not yet done
+        self._synced_inline = False  # a sync ran on the loop: flush peers after _process
         self._unwritten: list[LogEntry] = []
         self._writes: dict[int, _Write] = {}  # request id -> write
         self._by_zxid: dict[int, _Write] = {}
@@ -336,6 +337,10 @@ class Member:
             ready = self.node.ready()
             self.node.advance()
             self._carry_out(ready)
+        if self._synced_inline:
+            # A lone write's ACK goes out now, not after the reads this sync held back.
+            self._synced_inline = False
+            self.peers.flush()
 
     def _carry_out(self, ready: Ready) -> None:
         if ready.hard_state is not None or ready.truncate_to is not None or ready.snapshot:
@@ -447,6 +452,7 @@ class Member:
             zxid = self._append_and_sync(batch)
             self._durable_zxid = max(self._durable_zxid, zxid)
             self.node.persisted(zxid)  # _process picks up what this makes ready
+            self._synced_inline = True
             return
         job = self._submit(self._append_and_sync, batch)
         self._disk_job = job
