@@ -19,8 +19,8 @@ member that took it answers its client in order with the others, as ZooKeeper do
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
+from directlog.record import record
 from services.consensus.codes import CreateMode, ErrorCode, OpCode
 from services.consensus.jute.errors import JuteError, MalformedError
 from services.consensus.jute.primitives import Reader, Writer
@@ -55,7 +55,7 @@ from services.consensus.tree.model import (
 _MAX_PAYLOAD = 1 << 30
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SyncRequest:
     """``sync``: a no-op through the leader, so a follower's reply comes after every write
     the leader had taken before it."""
@@ -63,12 +63,12 @@ class SyncRequest:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SyncTxn:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ErrorTxn:
     """A refused write: ``op_codes`` has one code per op of a refused multi."""
 
@@ -80,7 +80,7 @@ Write = Request | SyncRequest
 LoggedBody = TxnBody | SyncTxn | ErrorTxn
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Logged:
     """A decoded log entry: the time the leader took it, who asked, and what it does."""
 

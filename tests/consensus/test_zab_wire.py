@@ -15,10 +15,14 @@ from hypothesis import strategies as st
 
 from services.consensus.zab import messages
 from services.consensus.zab.messages import (
+    Ack,
     AckEpoch,
+    Commit,
+    Forward,
     ForwardReply,
     Message,
     Notification,
+    Proposal,
     ServerState,
     Sync,
     SyncMode,
@@ -94,6 +98,17 @@ def test_known_answer_optional_and_lists() -> None:
     snap = Sync(0, 4, SyncMode.SNAP, 0, (), Snapshot(7, b"tree"))
     body = struct.pack(">qBqIBqI", 4, 2, 0, 0, 1, 7, 4) + b"tree"
     assert encode(snap) == struct.pack(">IBi", 5 + len(body), 5, 0) + body
+
+
+def test_known_answer_per_write_messages() -> None:
+    # These take a one-pack path of their own in encode and decode: still the table's bytes.
+    body = struct.pack(">qqI", 2, 3, 2) + b"ab"
+    assert encode(Proposal(1, 2, LogEntry(3, b"ab"))) == frame(9, body)
+    assert encode(Forward(1, 2, 3, b"ab")) == frame(14, body)
+    assert encode(Ack(1, 2, 3)) == frame(10, struct.pack(">qq", 2, 3))
+    assert encode(Commit(1, 2, 3)) == frame(11, struct.pack(">qq", 2, 3))
+    assert decode_one(frame(14, body)) == Forward(1, 2, 3, b"ab")
+    assert decode_one(frame(15, struct.pack(">qqBq", 2, 3, 1, 4))) == ForwardReply(1, 2, 3, 4)
 
 
 @pytest.mark.parametrize("cls", MESSAGE_CLASSES, ids=lambda c: c.__name__)
@@ -175,6 +190,9 @@ def frame(type_code: int, body: bytes, sender: int = 1) -> bytes:
         (frame(12, b"\0" * 7), "Ping.epoch: body too short"),
         (frame(12, b"\0" * 9), "Ping: 1 trailing bytes"),
         (frame(15, struct.pack(">qqB", 0, 0, 2)), "presence byte 2"),
+        (frame(15, struct.pack(">qqBq", 0, 0, 0, 5)), "ForwardReply: 8 trailing bytes"),
+        (frame(15, struct.pack(">qqB", 0, 0, 1)), "ForwardReply.zxid: body too short"),
+        (frame(10, struct.pack(">qqB", 0, 0, 0)), "Ack: 1 trailing bytes"),
         (frame(1, struct.pack(">iqqqB", 0, 0, 0, 0, 3)), "unknown ServerState code 3"),
         (frame(5, struct.pack(">qBqI", 0, 9, 0, 0)), "unknown SyncMode code 9"),
         (frame(4, struct.pack(">qqqI", 0, 0, 0, 2) + b"\0" * 15), "epoch_ends: 2 items"),

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
+from directlog.record import record
 from services.consensus.codes import ErrorCode, OpCode
 from services.consensus.jute.errors import EncodeError, MalformedError
 from services.consensus.jute.primitives import Reader, Writer
@@ -33,7 +34,7 @@ class Id:
         return cls(r.read_ustring("Id.scheme"), r.read_ustring("Id.id"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ACL:
     perms: int
     id: Id
@@ -55,7 +56,7 @@ def _read_acls(r: Reader, field: str) -> tuple[ACL, ...]:
     return r.read_vector(field, lambda: ACL.read(r), ACL_MIN)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stat:
     czxid: int
     mzxid: int
@@ -97,7 +98,7 @@ class Stat:
 # --- session ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ConnectRequest:
     """First packet of a connection, sent without a RequestHeader. read_only is the trailing
     boolean 3.4+ clients append; an older client's packet ends before it and reads False."""
@@ -128,7 +129,7 @@ class ConnectRequest:
         return cls(protocol_version, last_zxid_seen, time_out, session_id, passwd, read_only)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ConnectResponse:
     """Answer to ConnectRequest; servers append read_only after the jute record, and a
     response from a server that does not reads False."""
@@ -156,7 +157,7 @@ class ConnectResponse:
         return cls(protocol_version, time_out, session_id, passwd, read_only)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestHeader:
     xid: int
     type: int
@@ -171,7 +172,7 @@ class RequestHeader:
         return cls(*r.read_struct(cls.LAYOUT, "RequestHeader"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReplyHeader:
     xid: int
     zxid: int
@@ -187,7 +188,7 @@ class ReplyHeader:
         return cls(*r.read_struct(cls.LAYOUT, "ReplyHeader"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AuthPacket:
     type: int
     scheme: str
@@ -207,7 +208,7 @@ class AuthPacket:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetWatches:
     """Sent on reconnect (xid -8) to re-arm the watches a client held."""
 
@@ -237,7 +238,7 @@ def _read_ustrings(r: Reader, field: str) -> tuple[str, ...]:
     return r.read_vector(field, lambda: r.read_ustring(field), USTRING_MIN)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WatcherEvent:
     """Body of a notification (ReplyHeader xid -1)."""
 
@@ -262,7 +263,7 @@ class WatcherEvent:
 # --- requests --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CreateRequest:
     """Body of create (1) and create2 (15); the header's type tells them apart."""
 
@@ -287,7 +288,7 @@ class CreateRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteRequest:
     path: str
     version: int
@@ -301,7 +302,7 @@ class DeleteRequest:
         return cls(r.read_ustring("DeleteRequest.path"), r.read_int("DeleteRequest.version"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CheckVersionRequest:
     path: str
     version: int
@@ -318,7 +319,7 @@ class CheckVersionRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PathWatchRequest:
     """Body of exists (3), getData (4), getChildren (8) and getChildren2 (12): the four
     share one layout (ExistsRequest, GetDataRequest, GetChildrenRequest, GetChildren2Request)."""
@@ -338,7 +339,7 @@ class PathWatchRequest:
 ExistsRequest = GetDataRequest = GetChildrenRequest = GetChildren2Request = PathWatchRequest
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PathRequest:
     """Body of getACL (6) and sync (9): GetACLRequest and SyncRequest are a lone path."""
 
@@ -355,7 +356,7 @@ class PathRequest:
 GetACLRequest = SyncRequest = PathRequest
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetDataRequest:
     path: str
     data: bytes | None
@@ -375,7 +376,7 @@ class SetDataRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetACLRequest:
     path: str
     acl: tuple[ACL, ...]
@@ -395,7 +396,7 @@ class SetACLRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiHeader:
     """Precedes each op of a multi and each of its results; type -1 with done ends the list."""
 
@@ -430,7 +431,7 @@ _MULTI_OP_BODIES: dict[int, type[MultiOpBody]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiOp:
     """One op of a multi: its opcode (create and create2 share a body) and its body."""
 
@@ -438,7 +439,7 @@ class MultiOp:
     body: MultiOpBody
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiRequest:
     """Body of multi (14), as MultiOperationRecord writes it: each op is MultiHeader(type,
     false, -1) then its body, and MULTI_END closes the list."""
@@ -469,7 +470,7 @@ class MultiRequest:
 # --- responses -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PathResponse:
     """Body of the create (1) and sync (9) replies: CreateResponse and SyncResponse."""
 
@@ -486,7 +487,7 @@ class PathResponse:
 CreateResponse = SyncResponse = PathResponse
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Create2Response:
     path: str
     stat: Stat
@@ -500,7 +501,7 @@ class Create2Response:
         return cls(r.read_ustring("Create2Response.path"), Stat.read(r))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatResponse:
     """Body of the exists (3), setData (5) and setACL (7) replies: ExistsResponse,
     SetDataResponse and SetACLResponse are a lone Stat."""
@@ -518,7 +519,7 @@ class StatResponse:
 ExistsResponse = SetDataResponse = SetACLResponse = StatResponse
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetDataResponse:
     data: bytes | None
     stat: Stat
@@ -532,7 +533,7 @@ class GetDataResponse:
         return cls(r.read_buffer("GetDataResponse.data"), Stat.read(r))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetACLResponse:
     acl: tuple[ACL, ...]
     stat: Stat
@@ -546,7 +547,7 @@ class GetACLResponse:
         return cls(_read_acls(r, "GetACLResponse.acl"), Stat.read(r))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetChildrenResponse:
     children: tuple[str, ...]
 
@@ -558,7 +559,7 @@ class GetChildrenResponse:
         return cls(_read_ustrings(r, "GetChildrenResponse.children"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetChildren2Response:
     children: tuple[str, ...]
     stat: Stat
@@ -572,17 +573,17 @@ class GetChildren2Response:
         return cls(_read_ustrings(r, "GetChildren2Response.children"), Stat.read(r))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteResult:
     """A delete inside a multi succeeded; it has no body on the wire."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CheckResult:
     """A check inside a multi succeeded; it has no body on the wire."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ErrorResult:
     """An op of a multi failed (or was rolled back, err 0, because another op failed)."""
 
@@ -594,7 +595,7 @@ MultiResult = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiResponse:
     """Reply to multi, as MultiResponse.serialize writes it: each result is MultiHeader(type,
     false, err) then its body, where type is the op's opcode, or -1 with ErrorResponse(err)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from directlog.record import record
 from services.consensus.codes import CreateMode, ErrorCode, EventType
 from services.consensus.jute.records import ACL, Id, Stat
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Session:
     """Who sends a request: the session id and the auth ids its connection proved."""
 
@@ -27,7 +28,7 @@ class Session:
 # -- requests -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Create:
     path: str
     data: bytes = b""
@@ -35,33 +36,33 @@ class Create:
     mode: CreateMode = CreateMode.PERSISTENT
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delete:
     path: str
     version: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetData:
     path: str
     data: bytes
     version: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetACL:
     path: str
     acl: tuple[ACL, ...]
     version: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Check:
     path: str
     version: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteContainer:
     """System request a leader makes from `containers_to_delete()`; no ACL or session."""
 
@@ -71,17 +72,17 @@ class DeleteContainer:
 MultiOp = Create | Delete | SetData | SetACL | Check
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Multi:
     ops: tuple[MultiOp, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CreateSession:
     timeout_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CloseSession:
     pass
 
@@ -91,7 +92,7 @@ Request = MultiOp | Multi | DeleteContainer | CreateSession | CloseSession
 # -- transactions ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CreateTxn:
     path: str
     data: bytes
@@ -100,26 +101,26 @@ class CreateTxn:
     parent_cversion: int  # the parent's cversion after this create
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteTxn:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetDataTxn:
     path: str
     data: bytes
     version: int  # the node's version after this write
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetACLTxn:
     path: str
     acl: tuple[ACL, ...]
     aversion: int  # the node's aversion after this write
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CheckTxn:
     path: str
 
@@ -127,17 +128,17 @@ class CheckTxn:
 SubTxn = CreateTxn | DeleteTxn | SetDataTxn | SetACLTxn | CheckTxn
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiTxn:
     ops: tuple[SubTxn, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CreateSessionTxn:
     timeout_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CloseSessionTxn:
     ephemerals: tuple[str, ...]  # sorted; every node the session owns at apply time
 
@@ -145,7 +146,7 @@ class CloseSessionTxn:
 TxnBody = SubTxn | MultiTxn | CreateSessionTxn | CloseSessionTxn
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Txn:
     """One proposal: header (zxid, leader's clock, session) and body."""
 
@@ -155,7 +156,7 @@ class Txn:
     body: TxnBody
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Rejected:
     """A request that failed validation: nothing to propose, nothing applied.
 
@@ -170,28 +171,28 @@ class Rejected:
 # -- results --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CreateResult:
     path: str
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteResult:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetDataResult:
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SetACLResult:
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CheckResult:
     path: str
 
@@ -199,12 +200,12 @@ class CheckResult:
 OpResult = CreateResult | DeleteResult | SetDataResult | SetACLResult | CheckResult
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MultiResult:
     results: tuple[OpResult, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionResult:
     session_id: int
     created: bool  # False for a close
@@ -220,7 +221,7 @@ class WatchEvent:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Applied:
     zxid: int
     result: Result

@@ -6,9 +6,9 @@ an earlier session on the same connection are recognised and dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
+from directlog.record import record
 from services.consensus.zab.state import LogEntry, Snapshot
 
 
@@ -24,7 +24,7 @@ class SyncMode(Enum):
     SNAP = "snap"  # replace the follower's log with the leader's whole log
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Notification:
     """Fast leader election vote: (peer_epoch, zxid, leader) in lexicographic order."""
 
@@ -36,20 +36,20 @@ class Notification:
     state: ServerState
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FollowerInfo:
     sender: int
     accepted_epoch: int
     accepted_leader: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewEpoch:
     sender: int
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AckEpoch:
     """``epoch_ends`` holds the last zxid of every epoch in the follower's log (ascending);
     with it the leader finds the exact point where the two logs diverge."""
@@ -61,7 +61,7 @@ class AckEpoch:
     epoch_ends: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Sync:
     """DIFF or TRUNC: truncate the log to ``truncate_to`` then append ``entries``.
     SNAP: replace the state with ``snapshot``, then append ``entries`` (those after it)."""
@@ -74,35 +74,35 @@ class Sync:
     snapshot: Snapshot | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewLeader:
     sender: int
     epoch: int
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AckNewLeader:
     sender: int
     epoch: int
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UpToDate:
     sender: int
     epoch: int
     commit_zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Proposal:
     sender: int
     epoch: int
     entry: LogEntry
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ack:
     """Cumulative: the sender has persisted everything up to ``zxid``."""
 
@@ -111,7 +111,7 @@ class Ack:
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Commit:
     """Cumulative: everything up to ``zxid`` is committed."""
 
@@ -120,13 +120,13 @@ class Commit:
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ping:
     sender: int
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PingAck:
     """``sessions``: client sessions the follower heard from since its last PingAck, so
     the leader, which expires sessions, knows they are alive."""
@@ -136,7 +136,7 @@ class PingAck:
     sessions: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Forward:
     """A client write that reached a follower, passed on to the leader."""
 
@@ -146,7 +146,7 @@ class Forward:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ForwardReply:
     """``zxid`` is the proposal's zxid, or None when the leader could not take it."""
 

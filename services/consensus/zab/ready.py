@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from directlog.record import record
 from services.consensus.zab.messages import Message, ServerState
 from services.consensus.zab.state import HardState, LogEntry, Snapshot
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Accepted:
     """The write was taken. ``zxid`` is known at once on the leader; on a follower the
     write was forwarded and a later ``Proposed`` result carries it."""
@@ -17,14 +18,14 @@ class Accepted:
     zxid: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NotLeader:
     """No write path here: try ``leader_hint`` (None: no leader known, try another node)."""
 
     leader_hint: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Busy:
     """The leader is not yet serving writes, or too many proposals are in flight."""
 
@@ -34,19 +35,19 @@ class Busy:
 ProposeResult = Accepted | NotLeader | Busy
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Proposed:
     request_id: int
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Committed:
     request_id: int
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Rejected:
     """The leader refused a forwarded write (not serving writes or overloaded)."""
 
@@ -54,7 +55,7 @@ class Rejected:
     leader_hint: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unknown:
     """The node lost its leader before learning the outcome: it may or may not commit."""
 
@@ -64,7 +65,7 @@ class Unknown:
 ClientResult = Proposed | Committed | Rejected | Unknown
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RoleChange:
     """``established`` is True once the leader got its quorum of NEWLEADER acks (for a
     follower: once it received UPTODATE)."""

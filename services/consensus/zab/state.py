@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from directlog.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LogEntry:
     """One transaction. A zxid names exactly one entry ensemble-wide: only the single
     leader of an epoch mints zxids in it."""
@@ -14,7 +16,7 @@ class LogEntry:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HardState:
     """The epochs ZAB must persist before acting on them.
 
@@ -28,7 +30,7 @@ class HardState:
     current_epoch: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Snapshot:
     """The state machine's image after applying every entry up to ``zxid``; opaque to ZAB.
     ``Snapshot(0, b"")`` is the empty state before the first entry."""
@@ -40,7 +42,7 @@ class Snapshot:
 EMPTY_SNAPSHOT = Snapshot(0, b"")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PersistedState:
     """What survives a crash: the hard state, the latest snapshot and the durable log
     entries after it (zxid order)."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from directlog.record import record
 from services.consensus.zab.messages import SyncMode
 from services.consensus.zab.state import EMPTY_SNAPSHOT, LogEntry, Snapshot
 from services.consensus.zab.zxid import zxid_epoch
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SyncPlan:
     mode: SyncMode
     truncate_to: int

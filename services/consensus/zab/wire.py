@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Final, Literal
 
 from directlog.frames import FrameReader, FrameTooLargeError
+from directlog.record import record
 from services.consensus.zab.messages import (
     Ack,
     AckEpoch,
@@ -100,7 +101,7 @@ Kind = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Codec:
     type_code: int
     cls: type
@@ -236,8 +237,49 @@ def _put(out: bytearray, kind: Kind, value: object, what: str) -> None:
         _put_bytes(out, value, what)
 
 
+# The messages sent for every write (Proposal, Ack, Commit, Forward, ForwardReply) are
+# encoded with one pack and decoded with one unpack each. Proposal and Forward share a
+# layout: epoch, an i64, then a payload.
+_HEADER_PAYLOAD = struct.Struct(">IBiqqI")  # length type sender epoch i64 payload-length
+_PAYLOAD_REST: Final = _HEADER_PAYLOAD.size - 4  # what ``length`` counts, but the payload
+_HEADER_EPOCH_ZXID = struct.Struct(">IBiqq")  # length type sender epoch zxid
+_HEADER_REPLY = struct.Struct(">IBiqqB")  # length type sender epoch request_id presence=0
+_HEADER_REPLY_ZXID = struct.Struct(">IBiqqBq")  # ... presence=1 zxid
+
+
+def _encode_quick(message: Message) -> bytes | None:
+    """A per-write message in one pack; None for any other type, or for a value out of
+    its field's range, which the general path then refuses with a precise error."""
+    try:
+        if isinstance(message, Proposal | Forward):
+            if isinstance(message, Proposal):
+                code, number, payload = 9, message.entry.zxid, message.entry.payload
+            else:
+                code, number, payload = 14, message.request_id, message.payload
+            size = _PAYLOAD_REST + len(payload)
+            head = _HEADER_PAYLOAD.pack(
+                size, code, message.sender, message.epoch, number, len(payload)
+            )
+            return head + payload
+        if isinstance(message, Ack | Commit):
+            code = 10 if isinstance(message, Ack) else 11
+            size = _HEADER_EPOCH_ZXID.size - 4
+            return _HEADER_EPOCH_ZXID.pack(size, code, message.sender, message.epoch, message.zxid)
+        if isinstance(message, ForwardReply):
+            ids = (message.sender, message.epoch, message.request_id)
+            if message.zxid is None:
+                return _HEADER_REPLY.pack(_HEADER_REPLY.size - 4, 15, *ids, 0)
+            return _HEADER_REPLY_ZXID.pack(_HEADER_REPLY_ZXID.size - 4, 15, *ids, 1, message.zxid)
+    except struct.error:
+        pass
+    return None
+
+
 def encode(message: Message) -> bytes:
     """The full frame for ``message``: header included, ready to write to the socket."""
+    quick = _encode_quick(message)
+    if quick is not None:
+        return quick
     codec = _BY_CLASS.get(type(message))
     if codec is None:
         raise WireError(f"not a ZAB message: {type(message).__name__}")
@@ -339,29 +381,43 @@ class _Reader:
         return self.raw(field)  # "bytes"
 
 
-# The broadcast messages, one per write or per batch, decoded with one unpack each.
-_PROPOSAL = struct.Struct(">iqqI")  # sender epoch zxid payload length
+_PAYLOAD = struct.Struct(">iqqI")  # Proposal, Forward: sender epoch i64 payload-length
 _EPOCH_ZXID = struct.Struct(">iqq")  # sender epoch zxid
+_REPLY = struct.Struct(">iqqB")  # ForwardReply: sender epoch request_id presence
 _EPOCH_ZXID_TYPES: Final[dict[int, type[Ack | Commit]]] = {10: Ack, 11: Commit}
 
 
-def _decode_broadcast(buf: bytes | bytearray, start: int, end: int) -> Message | None:
-    """Proposal, Ack or Commit the quick way; None for any other type. Sizes are checked
-    exactly, so a frame that does not fit takes the general path and its error."""
+def _decode_quick(buf: bytes | bytearray, start: int, end: int) -> Message | None:
+    """A per-write message the quick way; None for any other type. Sizes and presence
+    bytes are checked exactly, so a frame that does not fit takes the general path and
+    its error."""
     type_code = buf[start]
-    if type_code == 9 and end - start >= 1 + _PROPOSAL.size:
-        sender, epoch, zxid, length = _PROPOSAL.unpack_from(buf, start + 1)
-        body = start + 1 + _PROPOSAL.size
-        if body + length == end:
-            return Proposal(sender, epoch, LogEntry(zxid, bytes(buf[body:end])))
-    elif type_code in _EPOCH_ZXID_TYPES and end - start == 1 + _EPOCH_ZXID.size:
-        return _EPOCH_ZXID_TYPES[type_code](*_EPOCH_ZXID.unpack_from(buf, start + 1))
+    size = end - start - 1
+    if type_code == 9 or type_code == 14:
+        if size >= _PAYLOAD.size:
+            sender, epoch, number, length = _PAYLOAD.unpack_from(buf, start + 1)
+            body = start + 1 + _PAYLOAD.size
+            if body + length == end:
+                payload = bytes(buf[body:end])
+                if type_code == 9:
+                    return Proposal(sender, epoch, LogEntry(number, payload))
+                return Forward(sender, epoch, number, payload)
+    elif type_code == 10 or type_code == 11:
+        if size == _EPOCH_ZXID.size:
+            return _EPOCH_ZXID_TYPES[type_code](*_EPOCH_ZXID.unpack_from(buf, start + 1))
+    elif type_code == 15 and size in (_REPLY.size, _REPLY.size + 8):
+        sender, epoch, request_id, present = _REPLY.unpack_from(buf, start + 1)
+        if present == 0 and size == _REPLY.size:
+            return ForwardReply(sender, epoch, request_id, None)
+        if present == 1 and size == _REPLY.size + 8:
+            zxid = _I64.unpack_from(buf, end - 8)[0]
+            return ForwardReply(sender, epoch, request_id, zxid)
     return None
 
 
 def _decode_frame(buf: bytes | bytearray, start: int, end: int) -> Message:
     """Decode the frame whose type byte is at ``start`` and whose last byte is ``end - 1``."""
-    quick = _decode_broadcast(buf, start, end)
+    quick = _decode_quick(buf, start, end)
     if quick is not None:
         return quick
     type_code = buf[start]
