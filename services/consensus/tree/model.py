@@ -7,6 +7,7 @@ ephemerals a closing session owns), so applying is a pure function of tree and t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from directlog.record import record
@@ -231,9 +232,13 @@ class Applied:
 # -- paths ----------------------------------------------------------------------------
 
 
+# Characters PathUtils.validatePath refuses anywhere in a path (NUL included).
+_BAD_PATH_CHAR = re.compile(r"[\u0000-\u001f\u007f-\u009f\ud800-\uf8ff\ufff0-\uffff]")
+
+
 def validate_path(path: str) -> None:
-    """PathUtils.validatePath: absolute, no empty, '.' or '..' segments, no NUL."""
-    if not path.startswith("/") or "\0" in path:
+    """PathUtils.validatePath: absolute, no empty, '.' or '..' segments, no refused character."""
+    if not path.startswith("/") or _BAD_PATH_CHAR.search(path):
         raise ValueError(path)
     if path == "/":
         return
@@ -242,14 +247,6 @@ def validate_path(path: str) -> None:
     for segment in path[1:].split("/"):
         if segment in ("", ".", ".."):
             raise ValueError(path)
-        for ch in segment:
-            if (
-                ch < " "
-                or "\u007f" <= ch <= "\u009f"
-                or "\ud800" <= ch <= "\uf8ff"
-                or "\ufff0" <= ch <= "\uffff"
-            ):
-                raise ValueError(path)
 
 
 def inc32(value: int) -> int:

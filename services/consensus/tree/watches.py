@@ -28,11 +28,13 @@ class WatchManager:
         A deletion consumes both data and child watches on the path, but a session
         watching both gets one NodeDeleted (ZooKeeper suppresses the duplicate).
         """
-        fired: set[int] = set()
-        if event is not EventType.NODE_CHILDREN_CHANGED:
-            fired |= self._data.pop(path, set())
-        if event in (EventType.NODE_CHILDREN_CHANGED, EventType.NODE_DELETED):
-            fired |= self._child.pop(path, set())
+        data = None if event is EventType.NODE_CHILDREN_CHANGED else self._data.pop(path, None)
+        child = None
+        if event is EventType.NODE_CHILDREN_CHANGED or event is EventType.NODE_DELETED:
+            child = self._child.pop(path, None)
+        if data is None and child is None:
+            return  # the usual case: nobody watches
+        fired = (data or set()) | (child or set())
         out.extend(WatchEvent(sid, event, path) for sid in sorted(fired))
 
     def remove_session(self, session_id: int) -> None:
