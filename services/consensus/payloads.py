@@ -112,6 +112,53 @@ def _read_codes(r: Reader) -> tuple[ErrorCode, ...]:
     return r.read_vector("codes", lambda: ErrorCode(r.read_int("code")), 4)
 
 
+# setData is the commonest write: every member encodes or decodes each one on its way
+# (the write to the leader, its transaction to every member), so its body -- path:ustring
+# data:buffer version:int -- has a few-unpack path of its own in each direction. Anything
+# else, or anything not well-formed, takes the field-by-field code and its errors.
+_WRITE_HEAD = struct.Struct(">qii")  # session id, auth count, op
+_LOGGED_HEAD = struct.Struct(">qqi")  # time, session id, op
+_INT = struct.Struct(">i")
+
+
+def _pack_set_data(head: bytes, path: str, data: bytes, version: int) -> bytes | None:
+    """None when a field does not fit its type (the field-by-field writer then says why)."""
+    try:
+        raw_path = path.encode()
+        return b"".join(
+            (
+                head,
+                _INT.pack(len(raw_path)),
+                raw_path,
+                _INT.pack(len(data)),
+                data,
+                _INT.pack(version),
+            )
+        )
+    except (struct.error, UnicodeEncodeError):
+        return None
+
+
+def _unpack_set_data(payload: bytes, start: int) -> tuple[str, bytes, int] | None:
+    """path, data and version of a setData body from ``start`` to exactly the end."""
+    if len(payload) < start + 12:
+        return None
+    (path_length,) = _INT.unpack_from(payload, start)
+    path_end = start + 4 + path_length
+    if path_length < 0 or path_end + 8 > len(payload):
+        return None
+    (data_length,) = _INT.unpack_from(payload, path_end)
+    data_end = path_end + 4 + data_length
+    if data_length < 0 or data_end + 4 != len(payload):
+        return None
+    try:
+        path = payload[start + 4 : path_end].decode()
+    except UnicodeDecodeError:
+        return None
+    (version,) = _INT.unpack_from(payload, data_end)
+    return path, payload[path_end + 4 : data_end], version
+
+
 # -- writes ------------------------------------------------------------------------------
 
 
@@ -162,6 +209,20 @@ def _read_op(r: Reader, op: int) -> MultiOp:
 
 
 def encode_write(session: Session, request: Write) -> bytes:
+    if type(request) is SetData and not session.auth:
+        quick = _pack_set_data(
+            _WRITE_HEAD.pack(session.session_id, 0, OpCode.SET_DATA),
+            request.path,
+            request.data,
+            request.version,
+        )
+        if quick is not None:
+            return quick
+    return encode_write_in_full(session, request)
+
+
+def encode_write_in_full(session: Session, request: Write) -> bytes:
+    """Any write, field by field."""
     w = Writer()
     w.write_long(session.session_id)
     w.write_vector(tuple(sorted(session.auth)), lambda ident: ident.write(w))
@@ -185,6 +246,17 @@ def encode_write(session: Session, request: Write) -> bytes:
 
 
 def decode_write(payload: bytes) -> tuple[Session, Write]:
+    if len(payload) >= _WRITE_HEAD.size:
+        session_id, auth_count, op = _WRITE_HEAD.unpack_from(payload)
+        if auth_count == 0 and op == OpCode.SET_DATA:
+            body = _unpack_set_data(payload, _WRITE_HEAD.size)
+            if body is not None:
+                return Session(session_id), SetData(*body)
+    return decode_write_in_full(payload)
+
+
+def decode_write_in_full(payload: bytes) -> tuple[Session, Write]:
+    """Any write, field by field; PayloadError for what does not decode."""
     try:
         r = Reader(payload, _MAX_PAYLOAD)
         session_id = r.read_long("session_id")
@@ -258,6 +330,17 @@ def _read_sub(r: Reader, op: int) -> SubTxn:
 
 
 def encode_logged(entry: Logged) -> bytes:
+    body = entry.body
+    if type(body) is SetDataTxn:
+        head = _LOGGED_HEAD.pack(entry.time_ms, entry.session_id, OpCode.SET_DATA)
+        quick = _pack_set_data(head, body.path, body.data, body.version)
+        if quick is not None:
+            return quick
+    return encode_logged_in_full(entry)
+
+
+def encode_logged_in_full(entry: Logged) -> bytes:
+    """Any transaction, field by field."""
     w = Writer()
     w.write_long(entry.time_ms)
     w.write_long(entry.session_id)
@@ -283,30 +366,12 @@ def encode_logged(entry: Logged) -> bytes:
     return w.getvalue()
 
 
-_LOGGED_HEAD = struct.Struct(">qqii")  # time, session id, op, then a path's length
-_INT = struct.Struct(">i")
-
-
 def _decode_set_data(payload: bytes) -> Logged | None:
-    """Every member applies every write, and setData is the commonest: decoded here in a
-    few unpacks. None for anything else, or anything not well-formed, which the general
-    decoder then takes (and refuses with its own error)."""
-    if len(payload) < _LOGGED_HEAD.size + 8:
+    if len(payload) < _LOGGED_HEAD.size:
         return None
-    time_ms, session_id, op, path_length = _LOGGED_HEAD.unpack_from(payload)
-    path_end = _LOGGED_HEAD.size + path_length
-    if op != OpCode.SET_DATA or path_length < 0 or path_end + 8 > len(payload):
-        return None
-    (data_length,) = _INT.unpack_from(payload, path_end)
-    data_end = path_end + 4 + data_length
-    if data_length < 0 or data_end + 4 != len(payload):
-        return None
-    try:
-        path = payload[_LOGGED_HEAD.size : path_end].decode()
-    except UnicodeDecodeError:
-        return None
-    (version,) = _INT.unpack_from(payload, data_end)
-    return Logged(time_ms, session_id, SetDataTxn(path, payload[path_end + 4 : data_end], version))
+    time_ms, session_id, op = _LOGGED_HEAD.unpack_from(payload)
+    body = _unpack_set_data(payload, _LOGGED_HEAD.size) if op == OpCode.SET_DATA else None
+    return None if body is None else Logged(time_ms, session_id, SetDataTxn(*body))
 
 
 def decode_logged(payload: bytes) -> Logged:

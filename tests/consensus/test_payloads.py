@@ -4,6 +4,7 @@ are not a payload refused with PayloadError."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -20,8 +21,11 @@ from services.consensus.payloads import (
     decode_logged,
     decode_logged_in_full,
     decode_write,
+    decode_write_in_full,
     encode_logged,
+    encode_logged_in_full,
     encode_write,
+    encode_write_in_full,
 )
 from services.consensus.tree import (
     ACL,
@@ -133,28 +137,56 @@ SET_DATA_TXNS = st.builds(
 )
 
 
+def variants(raw: bytes, noise: bytes, at: int) -> tuple[bytes, ...]:
+    """``raw`` intact, cut short, extended, and overwritten in places."""
+    at = min(at, len(raw))
+    return raw, raw[:at], raw + noise, raw[:at] + noise + raw[at + len(noise) :]
+
+
+def same_outcome(
+    quick: Callable[[bytes], object], full: Callable[[bytes], object], raw: bytes
+) -> None:
+    try:
+        expected = full(raw)
+    except PayloadError:
+        with pytest.raises(PayloadError):
+            quick(raw)
+    else:
+        assert quick(raw) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(SET_DATA_TXNS, st.integers(0, 2**63 - 1), st.binary(max_size=8), st.integers(0, 200))
-def test_set_data_shortcut_agrees_with_the_full_decoder(
+def test_set_data_shortcuts_agree_with_the_full_codec(
     body: SetDataTxn, session_id: int, noise: bytes, at: int
 ) -> None:
-    """The setData shortcut of decode_logged decodes what the field-by-field decoder does
-    and refuses what it refuses: intact, cut short, extended or overwritten in places."""
-    raw = encode_logged(Logged(1_795_000_000_000, session_id, body))
-    assert (
-        decode_logged(raw)
-        == decode_logged_in_full(raw)
-        == Logged(1_795_000_000_000, session_id, body)
-    )
-    at = min(at, len(raw))
-    for variant in (raw[:at], raw + noise, raw[:at] + noise + raw[at + len(noise) :]):
-        try:
-            expected = decode_logged_in_full(variant)
-        except PayloadError:
-            with pytest.raises(PayloadError):
-                decode_logged(variant)
-        else:
-            assert decode_logged(variant) == expected
+    """setData writes and transactions take shortcuts both ways: they encode to the same
+    bytes as the field-by-field encoders, and decode what the field-by-field decoders do
+    and refuse what they refuse."""
+    logged = Logged(1_795_000_000_000, session_id, body)
+    raw = encode_logged(logged)
+    assert raw == encode_logged_in_full(logged)
+    assert decode_logged(raw) == logged
+    session, write = Session(session_id), SetData(body.path, body.data, body.version)
+    raw_write = encode_write(session, write)
+    assert raw_write == encode_write_in_full(session, write)
+    assert decode_write(raw_write) == (session, write)
+    for variant in variants(raw, noise, at):
+        same_outcome(decode_logged, decode_logged_in_full, variant)
+    for variant in variants(raw_write, noise, at):
+        same_outcome(decode_write, decode_write_in_full, variant)
+
+
+@pytest.mark.parametrize(
+    "write", [SetData("/a", b"", 2**31), SetData("/\ud800", b"", 1)], ids=["version", "path"]
+)
+def test_set_data_shortcut_leaves_refusals_to_the_full_encoder(write: SetData) -> None:
+    with pytest.raises(Exception) as full:
+        encode_write_in_full(Session(1), write)
+    with pytest.raises(full.type):
+        encode_write(Session(1), write)
+    with pytest.raises(full.type):
+        encode_logged(Logged(1, 1, SetDataTxn(write.path, write.data, write.version)))
 
 
 @settings(max_examples=300, deadline=None)

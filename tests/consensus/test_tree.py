@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -406,8 +406,8 @@ def test_set_acl_aversion(h: Harness) -> None:
     assert h.code(SetACL("/a", READ_ACL_UNSAFE, 3), s) == ErrorCode.BADVERSION
     assert h.code(SetACL("/none", READ_ACL_UNSAFE), s) == ErrorCode.NONODE
     out = h.ok(SetACL("/a", READ_ACL_UNSAFE, 0), s).result
-    assert out == SetACLResult(replace(before, aversion=1))
-    assert h.tree.get_acl("/a", s) == (READ_ACL_UNSAFE, replace(before, aversion=1))
+    assert out == SetACLResult(before._replace(aversion=1))
+    assert h.tree.get_acl("/a", s) == (READ_ACL_UNSAFE, before._replace(aversion=1))
     assert h.code(SetACL("/a", OPEN_ACL_UNSAFE, 1), s) == ErrorCode.NOAUTH  # ADMIN revoked
     assert h.code(SetData("/a", b"x"), s) == ErrorCode.NOAUTH
 

@@ -8,7 +8,7 @@ buffers are `bytes | None` because a znode's data may really be null; vectors ar
 
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import ClassVar, NamedTuple, Self
 
 from directlog.record import record
 from services.consensus.codes import ErrorCode, OpCode
@@ -56,8 +56,16 @@ def _read_acls(r: Reader, field: str) -> tuple[ACL, ...]:
     return r.read_vector(field, lambda: ACL.read(r), ACL_MIN)
 
 
-@record
-class Stat:
+# czxid mzxid ctime mtime: long; version cversion aversion: int; ephemeralOwner: long;
+# dataLength numChildren: int; pzxid: long.
+_STAT_LAYOUT = struct.Struct(">qqqqiiiqiiq")
+
+
+class Stat(NamedTuple):
+    """A named tuple, unlike the other records: the tree makes one for every write it
+    applies and every read it answers, and a tuple of eleven fields builds several times
+    faster than a frozen dataclass."""
+
     czxid: int
     mzxid: int
     ctime: int
@@ -70,29 +78,12 @@ class Stat:
     num_children: int
     pzxid: int
 
-    # czxid mzxid ctime mtime: long; version cversion aversion: int; ephemeralOwner: long;
-    # dataLength numChildren: int; pzxid: long.
-    LAYOUT: ClassVar[struct.Struct] = struct.Struct(">qqqqiiiqiiq")
-
     def write(self, w: Writer) -> None:
-        w.write_struct(
-            self.LAYOUT,
-            self.czxid,
-            self.mzxid,
-            self.ctime,
-            self.mtime,
-            self.version,
-            self.cversion,
-            self.aversion,
-            self.ephemeral_owner,
-            self.data_length,
-            self.num_children,
-            self.pzxid,
-        )
+        w.write_struct(_STAT_LAYOUT, *self)
 
     @classmethod
     def read(cls, r: Reader) -> Self:
-        return cls(*r.read_struct(cls.LAYOUT, "Stat"))
+        return cls(*r.read_struct(_STAT_LAYOUT, "Stat"))
 
 
 # --- session ---------------------------------------------------------------------------

@@ -70,8 +70,9 @@ def check_acl(acl: tuple[ACL, ...], perm: Perm, auth: frozenset[Id], path: str =
     """Raise NOAUTH unless some entry grants `perm` to anyone or to one of `auth`."""
     if not acl:
         return
+    bits = int(perm)  # int & IntFlag would run the enum's Python-level __rand__
     for entry in acl:
-        if not entry.perms & perm:
+        if not entry.perms & bits:
             continue
         if entry.id == ANYONE or entry.id in auth:
             return

@@ -23,16 +23,16 @@ class Node:
     children: set[str] = field(default_factory=set)
 
     def stat(self) -> Stat:
-        return Stat(
-            czxid=self.czxid,
-            mzxid=self.mzxid,
-            ctime=self.ctime,
-            mtime=self.mtime,
-            version=self.version,
-            cversion=self.cversion,
-            aversion=self.aversion,
-            ephemeral_owner=self.ephemeral_owner,
-            data_length=len(self.data),
-            num_children=len(self.children),
-            pzxid=self.pzxid,
+        return Stat(  # positional: the tree builds one per write applied and read answered
+            self.czxid,
+            self.mzxid,
+            self.ctime,
+            self.mtime,
+            self.version,
+            self.cversion,
+            self.aversion,
+            self.ephemeral_owner,
+            len(self.data),
+            len(self.children),
+            self.pzxid,
         )
