@@ -26,6 +26,7 @@ from directlog.protocol.rdma_replica import API_KEY as RDMA_REPLICA_KEY
 from directlog.protocol.rdma_replica import RdmaReplicaRequest, RdmaReplicaResponse
 from directlog.protocol.rdma_replica import decode_request as decode_replica_request
 from directlog.protocol.wire import skip_tagged_fields
+from directlog.record import record
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
@@ -200,7 +201,7 @@ _FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _INT16 = struct.Struct(">h")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestHeader:
     api_key: int
     api_version: int

@@ -126,25 +126,44 @@ def _string(body: memoryview, position: int, flexible: bool) -> tuple[str | None
 def encode_produce_response(
     version: int, results: list[tuple[str, list[PartitionResult]]]
 ) -> bytes:
-    writer = Writer(flexible=version >= 9)
+    """Every produce request is answered through here: one pack per partition."""
+    flexible = version >= 9
+    writer = Writer(flexible)
+    buffer = writer.buffer
     writer.length(len(results))
+    no_record_errors = _NO_RECORD_ERRORS_FLEXIBLE if flexible else _NO_RECORD_ERRORS
     for name, partitions in results:
         writer.string(name)
         writer.length(len(partitions))
         for p in partitions:
-            writer.int32(p.index)
-            writer.int16(p.error_code)
-            writer.int64(p.base_offset)
-            if version >= 2:
-                writer.int64(p.log_append_time_ms)
             if version >= 5:
-                writer.int64(p.log_start_offset)
+                buffer += _PARTITION_V5.pack(
+                    p.index, p.error_code, p.base_offset, p.log_append_time_ms, p.log_start_offset
+                )
+            elif version >= 2:
+                buffer += _PARTITION_V2.pack(
+                    p.index, p.error_code, p.base_offset, p.log_append_time_ms
+                )
+            else:
+                buffer += _PARTITION_V0.pack(p.index, p.error_code, p.base_offset)
             if version >= 8:
-                writer.length(0)  # record errors: none singled out
-                writer.string(p.error_message)
+                if p.error_message is None:
+                    buffer += no_record_errors
+                else:
+                    writer.length(0)  # record errors: none singled out
+                    writer.string(p.error_message)
             writer.tags()
         writer.tags()
     if version >= 1:
         writer.int32(0)  # throttle time
     writer.tags()
-    return bytes(writer.buffer)
+    return bytes(buffer)
+
+
+# index, error code, base offset (v0); log append time (v2); log start offset (v5)
+_PARTITION_V0 = struct.Struct(">ihq")
+_PARTITION_V2 = struct.Struct(">ihqq")
+_PARTITION_V5 = struct.Struct(">ihqqq")
+# v8 and later: an empty record errors array, then a null error message
+_NO_RECORD_ERRORS = b"\x00\x00\x00\x00\xff\xff"
+_NO_RECORD_ERRORS_FLEXIBLE = b"\x01\x00"

@@ -14,10 +14,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.protocol.produce import (
+    PartitionData as ProducePartitionData,
+)
 from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
@@ -50,7 +53,7 @@ from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
-from services.broker.storage import OffsetOutOfRangeError, PartitionLog
+from services.broker.storage import AppendResult, OffsetOutOfRangeError, PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,24 @@ Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
 
 class CloseConnectionError(Exception):
     """A request whose failure can only be signalled by closing the connection."""
+
+
+# acks=-1: a partition's answer, the partition, the last offset to replicate, and its name.
+_Replicating = tuple[PartitionResult, Partition, int, str]
+
+
+class _Append(NamedTuple):
+    """One partition's records of one produce request, on their way into its log."""
+
+    result: PartitionResult  # the answer, filled in once appended
+    records: Buffer
+    topic: str
+    replicating: list[_Replicating] | None  # the request's acks=-1 waits, if it has acks=-1
+
+    @property
+    def item(self) -> str:
+        """topic-partition, for errors and logs"""
+        return f"{self.topic}-{self.result.index}"
 
 
 class KafkaApis:
@@ -144,65 +165,114 @@ class KafkaApis:
     # Produce ---------------------------------------------------------------------------
 
     async def produce(self, request: ProduceRequest, header: RequestHeader) -> Response:
-        acks = request.acks
-        results = []
-        replicating: list[tuple[PartitionResult, Partition, int, str]] = []
-        for topic in request.topic_data:
-            partitions = []
-            for data in topic.partition_data:
-                result = PartitionResult(data.index, ErrorCode.NONE)
-                try:
-                    if acks not in (0, 1, -1):
-                        raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
-                    if topic.name == OFFSETS_TOPIC:
-                        raise KafkaError(
-                            ErrorCode.INVALID_TOPIC_EXCEPTION,
-                            f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
+        (response,) = await self.produce_all([(header, request)])
+        return response
+
+    async def produce_all(
+        self, requests: list[tuple[RequestHeader, ProduceRequest]]
+    ) -> list[Response]:
+        """Answer Produce requests that arrived together (a producer pipelines them), in
+        order. Each partition's records from all of them go into its log in one write
+        (Partition.append_produced); each request is then answered as it would be alone,
+        acks=-1 waiting for its own partitions. With RDMA produce on, records go through
+        its reservations one partition at a time."""
+        answers: list[list[tuple[str, list[PartitionResult]]]] = []
+        replicating: list[list[_Replicating]] = []
+        appends: dict[Partition, list[_Append]] = {}
+        for header, request in requests:
+            acks = request.acks
+            results = []
+            waits: list[_Replicating] = []
+            for topic in request.topic_data:
+                partitions = []
+                for data in topic.partition_data:
+                    result = PartitionResult(data.index, ErrorCode.NONE)
+                    try:
+                        partition, records = self._producible(header, acks, topic.name, data)
+                        pending = _Append(
+                            result, records, topic.name, waits if acks == -1 else None
                         )
-                    partition = self.replicas.leader_partition(topic.name, data.index)
-                    records: Buffer = data.records if data.records is not None else b""
-                    if len(records) > 16 and records[16] < MAGIC:
-                        if header.api_version >= 3:
-                            raise KafkaError(
-                                ErrorCode.INVALID_RECORD,
-                                "produce v3 and later carry only record batches v2",
-                            )
-                        records = _up_convert(bytes(records))
-                    if self.rdma is None:
-                        appended = partition.append_as_leader(records, acks)
-                    else:
-                        appended = await self.rdma.append(partition, records, acks)
-                    result.base_offset = appended.first_offset
-                    result.log_append_time_ms = appended.log_append_time
-                    result.log_start_offset = partition.log.log_start_offset
-                    if appended.duplicate:
-                        log.info(
-                            "produce to %s-%d: a retried batch, already at offset %d",
-                            topic.name,
-                            data.index,
-                            appended.first_offset,
+                        if self.rdma is None:
+                            partition.check_appendable(acks)
+                            appends.setdefault(partition, []).append(pending)
+                        else:
+                            appended = await self.rdma.append(partition, records, acks)
+                            self._produced(pending, partition, appended)
+                            if not appended.duplicate:
+                                self.metrics.produced(topic.name, appended.records, appended.size)
+                    except Exception as error:
+                        result.error_code, result.error_message = self._item_error(
+                            error, "produce", f"{topic.name}-{data.index}"
                         )
-                    else:
-                        self.metrics.produced(topic.name, appended.records, appended.size)
-                    if acks == -1:
-                        replicating.append(
-                            (result, partition, appended.last_offset, f"{topic.name}-{data.index}")
-                        )
-                except Exception as error:
+                    partitions.append(result)
+                results.append((topic.name, partitions))
+            answers.append(results)
+            replicating.append(waits)
+        for partition, pending_appends in appends.items():
+            outcomes = partition.append_produced([pending.records for pending in pending_appends])
+            new_records = new_bytes = 0
+            for pending, outcome in zip(pending_appends, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    result = pending.result
                     result.error_code, result.error_message = self._item_error(
-                        error, "produce", f"{topic.name}-{data.index}"
+                        outcome, "produce", pending.item
                     )
-                partitions.append(result)
-            results.append((topic.name, partitions))
-        if replicating:
-            await self._wait_replicated(replicating, request.timeout_ms / 1000)
-        if acks == 0:
-            failed = [(name, p.index) for name, parts in results for p in parts if p.error_code]
-            if failed:
-                # No response to carry the error: closing is how Kafka tells such a producer.
-                raise CloseConnectionError(f"acks=0 produce failed for {failed}")
-            return None
-        return [encode_produce_response(header.api_version, results)]
+                else:
+                    self._produced(pending, partition, outcome)
+                    if not outcome.duplicate:
+                        new_records += outcome.records
+                        new_bytes += outcome.size
+            if new_records:
+                self.metrics.produced(partition.tp.topic, new_records, new_bytes)
+        responses: list[Response] = []
+        for (header, request), results, waits in zip(requests, answers, replicating, strict=True):
+            if waits:
+                await self._wait_replicated(waits, request.timeout_ms / 1000)
+            if request.acks == 0:
+                failed = [(name, p.index) for name, parts in results for p in parts if p.error_code]
+                if failed:
+                    # No response to carry the error: closing is how Kafka tells such a producer.
+                    raise CloseConnectionError(f"acks=0 produce failed for {failed}")
+                responses.append(None)
+            else:
+                responses.append([encode_produce_response(header.api_version, results)])
+        return responses
+
+    def _producible(
+        self, header: RequestHeader, acks: int, topic: str, data: ProducePartitionData
+    ) -> tuple[Partition, Buffer]:
+        """The partition this broker leads and the records (v2 batches) to append to it;
+        raises KafkaError with the code answering a produce it may not take."""
+        if acks not in (0, 1, -1):
+            raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
+        if topic == OFFSETS_TOPIC:
+            raise KafkaError(
+                ErrorCode.INVALID_TOPIC_EXCEPTION,
+                f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
+            )
+        partition = self.replicas.leader_partition(topic, data.index)
+        records: Buffer = data.records if data.records is not None else b""
+        if len(records) > 16 and records[16] < MAGIC:
+            if header.api_version >= 3:
+                raise KafkaError(
+                    ErrorCode.INVALID_RECORD, "produce v3 and later carry only record batches v2"
+                )
+            records = _up_convert(bytes(records))
+        return partition, records
+
+    def _produced(self, pending: _Append, partition: Partition, appended: AppendResult) -> None:
+        result = pending.result
+        result.base_offset = appended.first_offset
+        result.log_append_time_ms = appended.log_append_time
+        result.log_start_offset = partition.log.log_start_offset
+        if appended.duplicate:
+            log.info(
+                "produce to %s: a retried batch, already at offset %d",
+                pending.item,
+                appended.first_offset,
+            )
+        if pending.replicating is not None:
+            pending.replicating.append((result, partition, appended.last_offset, pending.item))
 
     # RdmaAccess ------------------------------------------------------------------------
 
@@ -253,9 +323,7 @@ class KafkaApis:
             return [answer.encode()]
         return await self.rdma_replication.handle(request, header)
 
-    async def _wait_replicated(
-        self, waiting: list[tuple[PartitionResult, Partition, int, str]], timeout: float
-    ) -> None:
+    async def _wait_replicated(self, waiting: list[_Replicating], timeout: float) -> None:
         """acks=-1: every appended partition's records reach its ISR, or the partition's
         answer becomes the reason they did not. Partitions already replicated (a single
         in-sync replica) are answered without suspending the request."""

@@ -143,13 +143,15 @@ class BrokerMetrics:
         self._topic_in: dict[str, tuple[Any, Any]] = {}
         self._topic_out: dict[str, tuple[Any, Any]] = {}
 
-    def request(self, api: str, version: int, seconds: float) -> None:
+    def request(self, api: str, version: int, seconds: float, count: int = 1) -> None:
+        """`count` requests of one API version answered, each `seconds` after it began."""
         children = self._request_children.get((api, version))
         if children is None:
             children = (self.requests.labels(api, str(version)), self.latency.labels(api))
             self._request_children[(api, version)] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        children[0].inc(count)
+        for _ in range(count):
+            children[1].observe(seconds)
 
     def watch_logs(self, logs: LogManager) -> None:
         self.registry.register(_LogCollector(lambda: logs))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from directlog.protocol.errors import ErrorCode, KafkaError
@@ -156,6 +156,15 @@ class Partition:
             return result  # an idempotent producer's retry: nothing new to replicate
         self.appended()
         return result
+
+    def append_produced(self, records: Sequence[Buffer]) -> list[AppendResult | Exception]:
+        """The records of several produce requests (each passed `check_appendable`) in one
+        go, each answered with its result or error (PartitionLog.append_produced); the high
+        watermark moves once for all of them."""
+        results = self.log.append_produced(records, self.info.leader_epoch)
+        if any(isinstance(result, AppendResult) and not result.duplicate for result in results):
+            self.appended()
+        return results
 
     def appended(self) -> None:
         """New records are in the leader's log (a produce, or an RDMA write committed in

@@ -17,7 +17,14 @@ import time
 from typing import Any
 
 from directlog.frames import FrameReader, FrameTooLargeError
-from directlog.protocol.api import ApiKey, encode_response, parse_request_header, response_header
+from directlog.protocol.api import (
+    Api,
+    ApiKey,
+    RequestHeader,
+    encode_response,
+    parse_request_header,
+    response_header,
+)
 from directlog.protocol.errors import ErrorCode
 from directlog.records.errors import RecordError
 from services.broker.apis import CloseConnectionError, KafkaApis
@@ -30,6 +37,7 @@ log = logging.getLogger(__name__)
 # Requests that may wait (long-poll fetch, a join until the rebalance completes, a sync until
 # the leader's assignment): answers made before them leave first.
 _WAITING_KEYS = frozenset({ApiKey.FETCH, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
+_PRODUCE_KEY = ApiKey.PRODUCE.to_bytes(2, "big")  # how a Produce frame begins
 
 
 class BadRequestError(Exception):
@@ -89,11 +97,20 @@ class KafkaServer:
                     return
                 reader.received(received)
                 outbox = bytearray()
+                produces: list[memoryview] = []
                 for frame in reader.frames():
+                    if frame[:2] == _PRODUCE_KEY:
+                        produces.append(frame)
+                        continue
+                    if produces:
+                        outbox = await self._produce(connection, produces, outbox, client_host)
+                        produces = []
                     if outbox and frame[0] == 0 and frame[1] in _WAITING_KEYS:
                         await loop.sock_sendall(connection, outbox)
                         outbox = bytearray()
                     outbox = await self._request(connection, frame, outbox, client_host)
+                if produces:
+                    outbox = await self._produce(connection, produces, outbox, client_host)
                 if outbox:
                     await loop.sock_sendall(connection, outbox)
         except (FrameTooLargeError, BadRequestError, RecordError) as error:
@@ -121,6 +138,33 @@ class KafkaServer:
         self.metrics.request(api_name, version, time.perf_counter() - started)
         return outbox
 
+    async def _produce(
+        self,
+        connection: socket.socket,
+        frames: list[memoryview],
+        outbox: bytearray,
+        client_host: str,
+    ) -> bytearray:
+        """Answer Produce frames that arrived together, in order, as `_request` would one
+        by one, but with their records appended together (KafkaApis.produce_all). Bytes
+        that do not decode close the connection before any of them is appended."""
+        started = time.perf_counter()
+        requests = []
+        for frame in frames:
+            header = parse_request_header(frame, client_host)
+            assert header.api is not None
+            requests.append((header, self._decode(frame, header, header.api)))
+        responses = await self.apis.produce_all(requests)
+        versions: dict[int, int] = {}
+        for (header, _), response in zip(requests, responses, strict=True):
+            if response is not None:
+                outbox = await self._send(connection, [response_header(header), *response], outbox)
+            versions[header.api_version] = versions.get(header.api_version, 0) + 1
+        seconds = time.perf_counter() - started
+        for version, count in versions.items():
+            self.metrics.request("produce", version, seconds, count)
+        return outbox
+
     async def respond(
         self, frame: memoryview, client_host: str = ""
     ) -> tuple[list[Part] | None, str, int]:
@@ -132,22 +176,14 @@ class KafkaServer:
         if api is None:
             raise BadRequestError(f"unknown API key {header.api_key}")
         name = api.key.name.lower()
-        if not api.min_version <= header.api_version <= api.max_version:
-            if api.key != ApiKey.API_VERSIONS:
-                raise BadRequestError(
-                    f"{name} v{header.api_version} is not served (versions "
-                    f"{api.min_version}-{api.max_version})"
-                )
+        if api.key == ApiKey.API_VERSIONS and not (
+            api.min_version <= header.api_version <= api.max_version
+        ):
             # KIP-511: answer in v0 with UNSUPPORTED_VERSION and the ranges served.
             self.metrics.request_error(name, ErrorCode.UNSUPPORTED_VERSION)
             answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
             return [response_header(header) + bytes(answer.encode(version=0))], name, 0
-        try:
-            request = api.decode(frame[header.size :], header.api_version)
-        except Exception as error:
-            raise BadRequestError(
-                f"{name} v{header.api_version} request does not decode: {error!r}"
-            ) from error
+        request = self._decode(frame, header, api)
         response = await self.apis.handle(api, header, request)
         version = header.api_version
         if response is None:
@@ -155,6 +191,23 @@ class KafkaServer:
         if isinstance(response, list):
             return [response_header(header), *response], name, version
         return [encode_response(header, response)], name, version
+
+    @staticmethod
+    def _decode(frame: memoryview, header: RequestHeader, api: Api) -> Any:
+        """The request body; BadRequestError for a version not served or bytes that do
+        not decode as one."""
+        name = api.key.name.lower()
+        if not api.min_version <= header.api_version <= api.max_version:
+            raise BadRequestError(
+                f"{name} v{header.api_version} is not served (versions "
+                f"{api.min_version}-{api.max_version})"
+            )
+        try:
+            return api.decode(frame[header.size :], header.api_version)
+        except Exception as error:
+            raise BadRequestError(
+                f"{name} v{header.api_version} request does not decode: {error!r}"
+            ) from error
 
     async def _send(
         self, connection: socket.socket, parts: list[Part], outbox: bytearray

@@ -11,7 +11,7 @@ import urllib.request
 import warnings
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.broker import BrokerProcess
@@ -192,3 +192,85 @@ def test_invalid_topic_names_get_invalid_topic(broker: BrokerProcess) -> None:
         ("bad topic/name", 17)
     ]  # INVALID_TOPIC_EXCEPTION
     connection.close()
+
+
+def produce_frame(topic: str, batch: bytes, correlation: int, version: int = 7) -> bytes:
+    parts = ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(
+        acks=1,
+        timeout_ms=1000,
+        topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[parts(0, batch)])],
+    )
+    request.API_VERSION = version
+    request.with_header(correlation_id=correlation, client_id="pipelined")
+    payload = bytes(request.encode(header=True))
+    return struct.pack(">i", len(payload)) + payload
+
+
+def fetched_values(broker: BrokerProcess, topic: str, count: int) -> list[bytes]:
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "check", "log_level": 3}
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < count and time.monotonic() < deadline:
+            for message in consumer.consume(count - len(values), 1.0):
+                assert message.error() is None, message.error()
+                values.append(message.value())
+        return values
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(60)
+def test_pipelined_produces_are_answered_in_order_and_a_corrupt_one_fails_alone(
+    broker: BrokerProcess,
+) -> None:
+    """Produce requests that arrive in one read are appended together; each still gets its
+    own answer, in order, and a corrupt batch among them fails only its own request."""
+    produce(broker, "pipelined", [b"first"])
+    batches = [build_batch([Record(0, 1_700_000_000_000, None, b"r%d" % i)]) for i in range(6)]
+    corrupted = bytearray(batches[3])
+    corrupted[-1] ^= 0xFF
+    batches[3] = bytes(corrupted)
+    connection = connect(broker)
+    connection.sendall(
+        b"".join(produce_frame("pipelined", b, 100 + i) for i, b in enumerate(batches))
+    )
+    answers = []
+    for _ in batches:
+        size = struct.unpack(">i", read_exactly(connection, 4))[0]
+        body = read_exactly(connection, size)
+        response = ProduceResponse.decode(body[4:], version=7)
+        partition = response.responses[0].partition_responses[0]
+        answers.append(
+            (struct.unpack(">i", body[:4])[0], partition.error_code, partition.base_offset)
+        )
+    connection.close()
+    assert answers == [
+        (100, 0, 1),
+        (101, 0, 2),
+        (102, 0, 3),
+        (103, 2, -1),  # CORRUPT_MESSAGE
+        (104, 0, 4),
+        (105, 0, 5),
+    ]
+    assert fetched_values(broker, "pipelined", 6) == [b"first", b"r0", b"r1", b"r2", b"r4", b"r5"]
+
+
+@pytest.mark.timeout(60)
+def test_a_pipelined_produce_that_does_not_decode_closes_and_stores_none_of_its_read(
+    broker: BrokerProcess,
+) -> None:
+    before = stored(broker)
+    batch = build_batch([Record(0, 1_700_000_000_000, None, b"never")])
+    good = produce_frame("kept", batch, 1)
+    truncated = produce_frame("kept", batch, 2)
+    truncated = struct.pack(">i", len(truncated) - 4 - 30) + truncated[4:-30]
+    connection = connect(broker)
+    connection.sendall(good + truncated + produce_frame("kept", batch, 3))
+    assert closed_by_peer(connection)
+    connection.close()
+    assert stored(broker) == before

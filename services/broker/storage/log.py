@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -57,6 +57,7 @@ from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
     PRODUCER_ID_EXPIRATION_MS,
     BatchMetadata,
+    ProducerAppend,
     ProducerSnapshotFiles,
     ProducerStateManager,
 )
@@ -314,33 +315,116 @@ class PartitionLog:
 
         A leader's `leader_epoch` (>= 0) newer than the cache's latest starts that epoch at
         the first offset; a follower's batches start each newer epoch they carry."""
+        if assign_offsets:
+            (result,) = self.append_produced([buf], leader_epoch)
+            if isinstance(result, Exception):
+                raise result
+            return result
         with self._lock:
             if self._pending:
                 raise ReservationStateError("append while reservations are pending")
             now = self._clock()
-            plan = self._plan(buf, leader_epoch, assign_offsets, now)
-            producers = None
-            if assign_offsets:
-                producers = self.producers.check_append(buf, plan)
-                if producers is not None and producers.duplicate is not None:
-                    return _duplicate(producers.duplicate, self.config)
+            plan = self._plan(buf, leader_epoch, False, now, self.log_end_offset)
             self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
-            # Before the write, as Kafka does: an entry whose records a crash lost is cut at
-            # the next open, while records without their epoch entry could not be repaired.
-            if plan.stamp:
-                if leader_epoch > self.leader_epochs.latest_epoch:
-                    self.leader_epochs.assign(leader_epoch, plan.first_offset)
-            elif plan.epoch_starts:
+            if plan.epoch_starts:
                 self._assign_replicated_epochs(plan.epoch_starts)
-            segment = self._segments[-1]
-            position = segment.size
-            segment.log.append(_iovecs(buf, plan, leader_epoch))
-            segment.committed(plan, position)
-            if producers is not None:
-                self.producers.complete(producers)
-            elif not assign_offsets:
-                self.producers.update_replicated(buf, plan)
+            self._write([_Planned(buf, plan, None, 0)], leader_epoch)
+            self.producers.update_replicated(buf, plan)
             return self._appended(plan)
+
+    def append_produced(
+        self, bufs: Sequence[Buffer], leader_epoch: int = -1
+    ) -> list[AppendResult | Exception]:
+        """Producer data of several requests, in order: each buffer is checked and takes
+        offsets as `append` would do for it alone, and answers with its result or the
+        error that rejected it (the others still go in), but consecutive accepted buffers
+        are written with one `pwritev`. A connection's pipelined produce requests arrive
+        together; one write, one segment update and one high watermark move for all of
+        them is what lets a broker keep up with batch-size-1 producers. A group is written
+        early where one by one would differ: before a roll, after the first batch of an
+        empty segment (whose timestamp segment.ms counts from), and before an idempotent
+        producer's batch is checked (its sequence check must see the batches before it)."""
+        answers: list[AppendResult | Exception | None] = []
+        with self._lock:
+            if self._pending:
+                return [
+                    ReservationStateError("append while reservations are pending") for _ in bufs
+                ]
+            now = self._clock()
+            group: list[_Planned] = []
+            group_bytes = 0
+            for buf in bufs:
+                try:
+                    next_offset = group[-1].plan.last_offset + 1 if group else self.log_end_offset
+                    plan = self._plan(buf, leader_epoch, True, now, next_offset)
+                    if group and (
+                        group[-1].producers is not None
+                        or self._segments[-1].is_empty()
+                        or self._roll_due(
+                            group_bytes + plan.size,
+                            plan.last_offset,
+                            plan.max_timestamp,
+                            now,
+                            len(group) + 1,
+                        )
+                    ):
+                        self._write_group(group, answers, leader_epoch)
+                        group, group_bytes = [], 0
+                    producers = self.producers.check_append(buf, plan)
+                    if producers is not None and producers.duplicate is not None:
+                        answers.append(_duplicate(producers.duplicate, self.config))
+                        continue
+                    if not group:
+                        self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
+                    # Before the write, as Kafka does: an entry whose records a crash lost
+                    # is cut at the next open, while records without their epoch entry
+                    # could not be repaired.
+                    if leader_epoch > self.leader_epochs.latest_epoch:
+                        self.leader_epochs.assign(leader_epoch, plan.first_offset)
+                except Exception as error:
+                    answers.append(error)
+                    continue
+                group.append(_Planned(buf, plan, producers, len(answers)))
+                group_bytes += plan.size
+                answers.append(None)  # until the group is written
+            if group:
+                self._write_group(group, answers, leader_epoch)
+        written: list[AppendResult | Exception] = []
+        for answer in answers:
+            assert answer is not None, "every accepted append is in a written group"
+            written.append(answer)
+        return written
+
+    def _write_group(
+        self,
+        group: list[_Planned],
+        answers: list[AppendResult | Exception | None],
+        leader_epoch: int,
+    ) -> None:
+        """Write planned producer appends and fill in their answers: the results, or for
+        every one of them the error that stopped the write (the log is then unchanged)."""
+        try:
+            self._write(group, leader_epoch)
+            for planned in group:
+                if planned.producers is not None:
+                    self.producers.complete(planned.producers)
+                answers[planned.answer] = _result(planned.plan)
+            self._count_unflushed(sum(planned.plan.records for planned in group))
+        except Exception as error:
+            for planned in group:
+                answers[planned.answer] = error
+
+    def _write(self, group: list[_Planned], leader_epoch: int) -> None:
+        """One write of the planned appends at the head's end, then their accounting."""
+        segment = self._segments[-1]
+        position = segment.size
+        iov: list[Buffer] = []
+        for planned in group:
+            iov += _iovecs(planned.buf, planned.plan, leader_epoch)
+        segment.log.append(iov)
+        for planned in group:
+            segment.committed(planned.plan, position)
+            position += planned.plan.size
 
     def find_duplicate(self, buf: Buffer) -> AppendResult | None:
         """What `append` would answer if `buf` repeats an idempotent producer's batches
@@ -490,11 +574,18 @@ class PartitionLog:
         reservation.open = False
 
     def _plan(
-        self, buf: Buffer, leader_epoch: int, assign_offsets: bool, now_ms: int
+        self,
+        buf: Buffer,
+        leader_epoch: int,
+        assign_offsets: bool,
+        now_ms: int,
+        next_offset: int | None = None,
     ) -> AppendPlan:
+        """Validate `buf` as the next append (after the log end, or at `next_offset`
+        when appends planned before it are still to be written)."""
         plan = plan_append(
             buf,
-            next_offset=self.log_end_offset,
+            next_offset=self.log_end_offset if next_offset is None else next_offset,
             leader_epoch=leader_epoch,
             config=self.config,
             now_ms=now_ms,
@@ -514,12 +605,14 @@ class PartitionLog:
 
     def _appended(self, plan: AppendPlan) -> AppendResult:
         assert self.log_end_offset == plan.last_offset + 1
-        self._unflushed_records += plan.records
+        self._count_unflushed(plan.records)
+        return _result(plan)
+
+    def _count_unflushed(self, records: int) -> None:
+        """Count records appended since the last flush; flush at flush.messages."""
+        self._unflushed_records += records
         if self._unflushed_records >= self.config.flush_messages:
             self.flush()
-        return AppendResult(
-            plan.first_offset, plan.last_offset, plan.records, plan.size, plan.log_append_time
-        )
 
     # Producer state --------------------------------------------------------------------
 
@@ -564,16 +657,26 @@ class PartitionLog:
     def _maybe_roll(
         self, size: int, last_offset: int, max_timestamp: int | None, now_ms: int
     ) -> None:
+        if self._roll_due(size, last_offset, max_timestamp, now_ms, 1):
+            self.roll()
+
+    def _roll_due(
+        self, size: int, last_offset: int, max_timestamp: int | None, now_ms: int, batches: int
+    ) -> bool:
+        """Whether the head cannot take `size` more bytes in `batches` appends (each may
+        add an index entry) up to `last_offset`, or has waited segment.ms."""
         head = self._segments[-1]
         config = self.config
-        waited = head.time_waited_for_roll(max_timestamp, now_ms)
-        if (
+        return (
             head.size > config.segment_bytes - size
-            or (not head.is_empty() and waited >= config.segment_ms)
-            or head.offset_index.size_bytes + OffsetIndex.ENTRY.size > config.segment_index_bytes
+            or (
+                not head.is_empty()
+                and head.time_waited_for_roll(max_timestamp, now_ms) >= config.segment_ms
+            )
+            or head.offset_index.size_bytes + batches * OffsetIndex.ENTRY.size
+            > config.segment_index_bytes
             or last_offset - head.base_offset > _INT32_MAX
-        ):
-            self.roll()
+        )
 
     def roll(self) -> LogSegment:
         """Start a new head segment at the log end offset (no-op if the head is empty)."""
@@ -847,6 +950,21 @@ class PartitionLog:
         for leftover in self.directory.iterdir():
             leftover.unlink()
         self.directory.rmdir()
+
+
+class _Planned(NamedTuple):
+    """A producer append checked and waiting for its group's write."""
+
+    buf: Buffer
+    plan: AppendPlan
+    producers: ProducerAppend | None  # the idempotent state to complete after the write
+    answer: int  # its place among the answers
+
+
+def _result(plan: AppendPlan) -> AppendResult:
+    return AppendResult(
+        plan.first_offset, plan.last_offset, plan.records, plan.size, plan.log_append_time
+    )
 
 
 def _iovecs(buf: Buffer, plan: AppendPlan, leader_epoch: int) -> list[Buffer]:

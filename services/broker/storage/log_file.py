@@ -124,13 +124,16 @@ class LogFile:
 
 
 def _advance(chunk: list[Buffer], written: int) -> list[Buffer]:
-    """The iovec left after `written` bytes of `chunk` went out."""
-    while chunk and written >= len(chunk[0]):
-        written -= len(chunk[0])
-        chunk = chunk[1:]
-    if chunk and written:
-        chunk = [memoryview(chunk[0])[written:], *chunk[1:]]
-    return chunk
+    """The iovec left after `written` bytes of `chunk` went out (one pass: a produce
+    group's iovec holds two buffers per request)."""
+    done = 0
+    while done < len(chunk) and written >= len(chunk[done]):
+        written -= len(chunk[done])
+        done += 1
+    left = chunk[done:]
+    if left and written:
+        left[0] = memoryview(left[0])[written:]
+    return left
 
 
 @dataclass(slots=True, frozen=True)
