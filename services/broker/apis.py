@@ -18,9 +18,7 @@ from typing import Any, NamedTuple
 
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
-from directlog.protocol.produce import (
-    PartitionData as ProducePartitionData,
-)
+from directlog.protocol.produce import PartitionData as ProducePartitionData
 from directlog.protocol.produce import PartitionResult, ProduceRequest, encode_produce_response
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse

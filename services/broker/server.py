@@ -1,7 +1,8 @@
 """The Kafka protocol server: accepts connections and moves bytes; everything else is the
 sans-I/O codec (directlog.protocol) and the handlers (apis.KafkaApis).
 
-Requests on one connection are answered in order, one at a time, as Kafka does. Record
+Requests on one connection are answered in order, one at a time, as Kafka does; Produce
+requests that arrive in one read are appended together, then answered in order. Record
 data of fetch responses leaves through os.sendfile straight from the segment files. Bytes
 that cannot be read as a Kafka request close that one connection with one log line; other
 clients never notice.
