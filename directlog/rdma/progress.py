@@ -14,17 +14,28 @@ import functools
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
 READ = select.EPOLLIN
 WRITE = select.EPOLLOUT
 HANGUP = select.EPOLLHUP | select.EPOLLERR
+
+
+def wait_readable(files: Sequence[int | socket.socket], timeout: float | None) -> set[int]:
+    """The descriptors among `files` readable within `timeout` seconds (None: no limit).
+    poll, not select: select refuses descriptors above 1023, and a broker holding many
+    segment files and connections passes that soon."""
+    poller = select.poll()
+    for file in files:
+        poller.register(file, select.POLLIN)
+    return {fd for fd, _ in poller.poll(None if timeout is None else max(timeout, 0) * 1000)}
 
 
 class Connection(ABC):

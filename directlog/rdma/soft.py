@@ -19,7 +19,6 @@ import fcntl
 import logging
 import mmap
 import os
-import select
 import shutil
 import socket
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 from directlog.rdma import shm, tcp
+from directlog.rdma.progress import wait_readable
 from directlog.rdma.soft_core import SoftCompletionQueue, SoftQueuePair, SoftResources
 from directlog.rdma.verbs import (
     Access,
@@ -301,8 +301,8 @@ class SoftListener(Listener):
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = timeout
         while True:
-            ready, _, _ = select.select(sockets, [], [], wait)
-            for listening in ready:
+            ready = wait_readable(sockets, wait)
+            for listening in (s for s in sockets if s.fileno() in ready):
                 try:
                     sock, _address = listening.accept()
                 except BlockingIOError:

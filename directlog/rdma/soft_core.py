@@ -11,7 +11,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import select
 import struct
 import threading
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from directlog.rdma import _atomics
-from directlog.rdma.progress import ProgressEngine
+from directlog.rdma.progress import ProgressEngine, wait_readable
 from directlog.rdma.region_table import RegionTable
 from directlog.rdma.verbs import (
     ATOMIC_SIZE,
@@ -323,7 +322,7 @@ class SoftCompletionQueue(CompletionQueue):
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
                     return found
-                select.select([self.eventfd], [], [], wait)
+                wait_readable([self.eventfd], wait)
                 self._heard()
 
     @contextlib.contextmanager

@@ -12,7 +12,6 @@ import json
 import mmap
 import os
 import random
-import select
 import signal
 import struct
 import subprocess
@@ -39,6 +38,7 @@ from directlog.rdma import (
     WcStatus,
     open_context,
 )
+from directlog.rdma.progress import wait_readable
 from tests.rdma.conftest import ALL_RIGHTS, Pair, connect, drain, make_pair, one
 
 pytestmark = pytest.mark.timeout(30)
@@ -330,15 +330,15 @@ def test_doorbell_turns_readable_on_each_completion(pair: Pair) -> None:
     doorbell = pair.owner_cq.doorbell()
     assert doorbell is not None
     fd = doorbell.fd
-    assert select.select([fd], [], [], 0)[0] == []
+    assert wait_readable([fd], 0) == set()
     pair.owner_qp.post_recv(7)
     fill(pair, 0, b"ring")
     pair.qp.post_write_with_imm(1, pair.local.sge(0, 4), pair.target.addr, pair.target.rkey, 5)
-    assert select.select([fd], [], [], 5)[0] == [fd]
+    assert wait_readable([fd], 5) == {fd}
     doorbell.heard()
     (completion,) = pair.owner_cq.poll(4)
     assert (completion.wr_id, completion.imm_data) == (7, 5)
-    assert select.select([fd], [], [], 0)[0] == []
+    assert wait_readable([fd], 0) == set()
 
 
 def test_armed_doorbell_rings_only_while_armed(pair: Pair) -> None:
@@ -347,14 +347,14 @@ def test_armed_doorbell_rings_only_while_armed(pair: Pair) -> None:
     pair.owner_qp.post_recv(2)
     with pair.owner_cq.armed() as bell:
         assert bell is not None
-        assert select.select([bell.fd], [], [], 0)[0] == []
+        assert wait_readable([bell.fd], 0) == set()
         pair.qp.post_write_with_imm(1, pair.local.sge(0, 1), pair.target.addr, pair.target.rkey, 3)
-        assert select.select([bell.fd], [], [], 5)[0] == [bell.fd]
+        assert wait_readable([bell.fd], 5) == {bell.fd}
         bell.heard()
         fd = bell.fd
     pair.qp.post_write_with_imm(2, pair.local.sge(0, 1), pair.target.addr, pair.target.rkey, 4)
     drain(pair.user_cq, 2)
-    assert select.select([fd], [], [], 0.2)[0] == []
+    assert wait_readable([fd], 0.2) == set()
     assert [c.imm_data for c in drain(pair.owner_cq, 2)] == [3, 4]
 
 
@@ -622,3 +622,24 @@ def test_auto_reaches_a_tcp_only_listener_over_tcp() -> None:
     finally:
         auto_pair.user.close()
         auto_pair.owner.close()
+
+
+def test_connecting_and_waiting_work_with_descriptors_above_1023(provider: str) -> None:
+    """A broker holding many segment files and connections hands the providers descriptors
+    past select()'s limit of 1023: accepting and waiting for completions must not care."""
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        made = make_pair(provider)
+        try:
+            assert made.user_cq.poll(1, timeout=0.05) == []  # a wait that times out
+            made.target.buf[:5] = b"hello"
+            made.qp.post_read(9, made.local.sge(0, 5), made.target.addr, made.target.rkey)
+            read = one(made.user_cq)  # a wait that a completion ends
+            assert (read.wr_id, read.status) == (9, WcStatus.SUCCESS)
+            assert bytes(made.local.buf[:5]) == b"hello"
+        finally:
+            made.user.close()
+            made.owner.close()
+    finally:
+        for fd in fillers:
+            os.close(fd)

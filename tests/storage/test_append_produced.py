@@ -105,18 +105,23 @@ def test_a_group_answers_and_writes_as_appends_one_by_one_would(
     with tempfile.TemporaryDirectory() as alone_dir, tempfile.TemporaryDirectory() as group_dir:
         alone = PartitionLog.open(Path(alone_dir), config, clock=ManualClock(T0 + 100_000))
         grouped = PartitionLog.open(Path(group_dir), config, clock=ManualClock(T0 + 100_000))
-        expected = one_by_one(alone, bufs, epoch=4)
-        got: list[object] = []
-        start = 0
-        for cut in [*sorted(set(cuts)), len(bufs)]:  # the requests of several reads
-            got += [answer(o) for o in grouped.append_produced(bufs[start:cut], 4)]
-            start = max(start, cut)
-        assert got == expected
-        assert tree_digest(Path(group_dir)) == tree_digest(Path(alone_dir))
-        assert grouped.log_end_offset == alone.log_end_offset
-        assert grouped.producers.entries() == alone.producers.entries()
-        assert [s.base_offset for s in grouped.segments] == [s.base_offset for s in alone.segments]
-        assert read_all(grouped) == read_all(alone)
+        try:
+            expected = one_by_one(alone, bufs, epoch=4)
+            got: list[object] = []
+            start = 0
+            for cut in [*sorted(set(cuts)), len(bufs)]:  # the requests of several reads
+                got += [answer(o) for o in grouped.append_produced(bufs[start:cut], 4)]
+                start = max(start, cut)
+            assert got == expected
+            assert tree_digest(Path(group_dir)) == tree_digest(Path(alone_dir))
+            assert grouped.log_end_offset == alone.log_end_offset
+            assert grouped.producers.entries() == alone.producers.entries()
+            bases = [s.base_offset for s in alone.segments]
+            assert [s.base_offset for s in grouped.segments] == bases
+            assert read_all(grouped) == read_all(alone)
+        finally:
+            alone.close()
+            grouped.close()
 
 
 def test_a_thousand_requests_land_in_order_with_their_own_offsets(open_log):

@@ -324,11 +324,11 @@ class PartitionLog:
             if self._pending:
                 raise ReservationStateError("append while reservations are pending")
             now = self._clock()
-            plan = self._plan(buf, leader_epoch, False, now, self.log_end_offset)
+            plan = self._plan(buf, leader_epoch, False, now)
             self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
             if plan.epoch_starts:
                 self._assign_replicated_epochs(plan.epoch_starts)
-            self._write([_Planned(buf, plan, None, 0)], leader_epoch)
+            self._write([(buf, plan)], leader_epoch)
             self.producers.update_replicated(buf, plan)
             return self._appended(plan)
 
@@ -402,9 +402,9 @@ class PartitionLog:
         leader_epoch: int,
     ) -> None:
         """Write planned producer appends and fill in their answers: the results, or for
-        every one of them the error that stopped the write (the log is then unchanged)."""
+        every one of them the error that stopped the write or the flush after it."""
         try:
-            self._write(group, leader_epoch)
+            self._write([(planned.buf, planned.plan) for planned in group], leader_epoch)
             for planned in group:
                 if planned.producers is not None:
                     self.producers.complete(planned.producers)
@@ -414,17 +414,17 @@ class PartitionLog:
             for planned in group:
                 answers[planned.answer] = error
 
-    def _write(self, group: list[_Planned], leader_epoch: int) -> None:
-        """One write of the planned appends at the head's end, then their accounting."""
+    def _write(self, appends: list[tuple[Buffer, AppendPlan]], leader_epoch: int) -> None:
+        """One write of planned appends at the head's end, then their accounting."""
         segment = self._segments[-1]
         position = segment.size
         iov: list[Buffer] = []
-        for planned in group:
-            iov += _iovecs(planned.buf, planned.plan, leader_epoch)
+        for buf, plan in appends:
+            iov += _iovecs(buf, plan, leader_epoch)
         segment.log.append(iov)
-        for planned in group:
-            segment.committed(planned.plan, position)
-            position += planned.plan.size
+        for _, plan in appends:
+            segment.committed(plan, position)
+            position += plan.size
 
     def find_duplicate(self, buf: Buffer) -> AppendResult | None:
         """What `append` would answer if `buf` repeats an idempotent producer's batches
