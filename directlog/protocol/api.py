@@ -120,6 +120,9 @@ class ApiKey(IntEnum):
     RDMA_REPLICA = RDMA_REPLICA_KEY  # Directlog's own (docs/formats.md "RDMA replication")
 
 
+_FLEXIBLE: dict[tuple[int, int], bool] = {}  # (api key, version): flexible encoding
+
+
 @dataclass(frozen=True, slots=True)
 class Api:
     key: ApiKey
@@ -130,7 +133,12 @@ class Api:
     decoder: Callable[[memoryview, int], Any] | None = None  # a hand-written hot path
 
     def flexible(self, version: int) -> bool:
-        return bool(self.request.flexible_version_q(version))
+        """Whether `version` uses flexible encoding (tagged fields, compact lengths); asked
+        twice per request, so kafka-python's answer is kept."""
+        known = _FLEXIBLE.get((self.key, version))
+        if known is None:
+            known = _FLEXIBLE[(self.key, version)] = bool(self.request.flexible_version_q(version))
+        return known
 
     def decode(self, body: memoryview, version: int) -> Any:
         if self.decoder is not None:
