@@ -201,17 +201,16 @@ class KafkaServer:
     def _decode(frame: memoryview, header: RequestHeader, api: Api) -> Any:
         """The request body; BadRequestError for a version not served or bytes that do
         not decode as one."""
-        name = api.key.name.lower()
         if not api.min_version <= header.api_version <= api.max_version:
             raise BadRequestError(
-                f"{name} v{header.api_version} is not served (versions "
+                f"{api.key.name.lower()} v{header.api_version} is not served (versions "
                 f"{api.min_version}-{api.max_version})"
             )
         try:
             return api.decode(frame[header.size :], header.api_version)
         except Exception as error:
             raise BadRequestError(
-                f"{name} v{header.api_version} request does not decode: {error!r}"
+                f"{api.key.name.lower()} v{header.api_version} request does not decode: {error!r}"
             ) from error
 
     async def _send(

@@ -239,12 +239,26 @@ def _put(out: bytearray, kind: Kind, value: object, what: str) -> None:
 
 # The messages sent for every write (Proposal, Ack, Commit, Forward, ForwardReply) are
 # encoded with one pack and decoded with one unpack each. Proposal and Forward share a
-# layout: epoch, an i64, then a payload.
-_HEADER_PAYLOAD = struct.Struct(">IBiqqI")  # length type sender epoch i64 payload-length
+# layout: epoch, an i64, then a payload. Bodies first; a frame's struct is its length and
+# type byte, then the body.
+_PAYLOAD = struct.Struct(">iqqI")  # Proposal, Forward: sender epoch i64 payload-length
+_EPOCH_ZXID = struct.Struct(">iqq")  # Ack, Commit: sender epoch zxid
+_REPLY = struct.Struct(">iqqB")  # ForwardReply: sender epoch request_id presence
+_REPLY_ZXID = struct.Struct(_REPLY.format + "q")  # ... presence=1, then the zxid
+
+
+def _framed(body: struct.Struct) -> struct.Struct:
+    return struct.Struct(">IB" + body.format.lstrip(">"))
+
+
+_HEADER_PAYLOAD = _framed(_PAYLOAD)
 _PAYLOAD_REST: Final = _HEADER_PAYLOAD.size - 4  # what ``length`` counts, but the payload
-_HEADER_EPOCH_ZXID = struct.Struct(">IBiqq")  # length type sender epoch zxid
-_HEADER_REPLY = struct.Struct(">IBiqqB")  # length type sender epoch request_id presence=0
-_HEADER_REPLY_ZXID = struct.Struct(">IBiqqBq")  # ... presence=1 zxid
+_HEADER_EPOCH_ZXID = _framed(_EPOCH_ZXID)
+_HEADER_REPLY = _framed(_REPLY)
+_HEADER_REPLY_ZXID = _framed(_REPLY_ZXID)
+_PROPOSAL, _ACK, _COMMIT, _FORWARD, _FORWARD_REPLY = (
+    _BY_CLASS[cls].type_code for cls in (Proposal, Ack, Commit, Forward, ForwardReply)
+)
 
 
 def _encode_quick(message: Message) -> bytes | None:
@@ -253,23 +267,24 @@ def _encode_quick(message: Message) -> bytes | None:
     try:
         if isinstance(message, Proposal | Forward):
             if isinstance(message, Proposal):
-                code, number, payload = 9, message.entry.zxid, message.entry.payload
+                code, number, payload = _PROPOSAL, message.entry.zxid, message.entry.payload
             else:
-                code, number, payload = 14, message.request_id, message.payload
+                code, number, payload = _FORWARD, message.request_id, message.payload
             size = _PAYLOAD_REST + len(payload)
             head = _HEADER_PAYLOAD.pack(
                 size, code, message.sender, message.epoch, number, len(payload)
             )
             return head + payload
         if isinstance(message, Ack | Commit):
-            code = 10 if isinstance(message, Ack) else 11
+            code = _ACK if isinstance(message, Ack) else _COMMIT
             size = _HEADER_EPOCH_ZXID.size - 4
             return _HEADER_EPOCH_ZXID.pack(size, code, message.sender, message.epoch, message.zxid)
         if isinstance(message, ForwardReply):
             ids = (message.sender, message.epoch, message.request_id)
             if message.zxid is None:
-                return _HEADER_REPLY.pack(_HEADER_REPLY.size - 4, 15, *ids, 0)
-            return _HEADER_REPLY_ZXID.pack(_HEADER_REPLY_ZXID.size - 4, 15, *ids, 1, message.zxid)
+                return _HEADER_REPLY.pack(_HEADER_REPLY.size - 4, _FORWARD_REPLY, *ids, 0)
+            size = _HEADER_REPLY_ZXID.size - 4
+            return _HEADER_REPLY_ZXID.pack(size, _FORWARD_REPLY, *ids, 1, message.zxid)
     except struct.error:
         pass
     return None
@@ -381,10 +396,7 @@ class _Reader:
         return self.raw(field)  # "bytes"
 
 
-_PAYLOAD = struct.Struct(">iqqI")  # Proposal, Forward: sender epoch i64 payload-length
-_EPOCH_ZXID = struct.Struct(">iqq")  # sender epoch zxid
-_REPLY = struct.Struct(">iqqB")  # ForwardReply: sender epoch request_id presence
-_EPOCH_ZXID_TYPES: Final[dict[int, type[Ack | Commit]]] = {10: Ack, 11: Commit}
+_EPOCH_ZXID_TYPES: Final[dict[int, type[Ack | Commit]]] = {_ACK: Ack, _COMMIT: Commit}
 
 
 def _decode_quick(buf: bytes | bytearray, start: int, end: int) -> Message | None:
@@ -393,24 +405,24 @@ def _decode_quick(buf: bytes | bytearray, start: int, end: int) -> Message | Non
     its error."""
     type_code = buf[start]
     size = end - start - 1
-    if type_code == 9 or type_code == 14:
+    if type_code in (_PROPOSAL, _FORWARD):
         if size >= _PAYLOAD.size:
             sender, epoch, number, length = _PAYLOAD.unpack_from(buf, start + 1)
             body = start + 1 + _PAYLOAD.size
             if body + length == end:
                 payload = bytes(buf[body:end])
-                if type_code == 9:
+                if type_code == _PROPOSAL:
                     return Proposal(sender, epoch, LogEntry(number, payload))
                 return Forward(sender, epoch, number, payload)
-    elif type_code == 10 or type_code == 11:
+    elif type_code in _EPOCH_ZXID_TYPES:
         if size == _EPOCH_ZXID.size:
             return _EPOCH_ZXID_TYPES[type_code](*_EPOCH_ZXID.unpack_from(buf, start + 1))
-    elif type_code == 15 and size in (_REPLY.size, _REPLY.size + 8):
+    elif type_code == _FORWARD_REPLY and size in (_REPLY.size, _REPLY_ZXID.size):
         sender, epoch, request_id, present = _REPLY.unpack_from(buf, start + 1)
         if present == 0 and size == _REPLY.size:
             return ForwardReply(sender, epoch, request_id, None)
-        if present == 1 and size == _REPLY.size + 8:
-            zxid = _I64.unpack_from(buf, end - 8)[0]
+        if present == 1 and size == _REPLY_ZXID.size:
+            zxid = _REPLY_ZXID.unpack_from(buf, start + 1)[-1]
             return ForwardReply(sender, epoch, request_id, zxid)
     return None
 
