@@ -91,7 +91,9 @@ left out with `--only` leaves its key null.
 The machine has two cores: the clients (this process plus librdkafka's threads) and the
 brokers (three of them in 7) share them, and on shm an RDMA op is the initiator's CPU
 copying through a shared mapping in Python (about 8 us an op, docs/rdma.md), not a NIC.
-The figures say how the two paths compare here, not what RDMA hardware would do.
+The figures say how the two paths compare here, not what RDMA hardware would do. As in
+bench.broker, the process keeps the heap memory it frees (`keep_freed_heap`), for both
+paths' clients.
 
 Not measured: the OSU Kafka columns; the shared-mode producer; a single API worker's
 bandwidth (Fig. 13), replication factors 1 to 4 (Fig. 16), replication batch sizes
@@ -122,6 +124,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from bench import rdma_consume
 from bench.broker import BenchError, delete_topic, produce, wait_for_topic
+from bench.processes import keep_freed_heap
 from bench.rdma_consume import TIME_LIMIT, WARMUP, EmptyChecks, Target
 from directlog.client.rdma_produce import Produced, RdmaProducer
 from directlog.records.batch import Record, build_batch
@@ -888,6 +891,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown experiments: {sorted(only - set(EXPERIMENTS))}")
     counts = QUICK if args.quick else FULL
     rounds = args.rounds or (1 if args.quick else 3)
+    keep_freed_heap()
     print(
         f"bench.rdma: RDMA ({PROVIDER}) vs confluent-kafka TCP, in one run; "
         f"{os.cpu_count()} cores shared by the clients and the brokers",
