@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from directlog.busy_poll import BusyPoll
 from services.consensus.metrics import ConsensusMetrics
 from services.consensus.payloads import (
     ErrorTxn,
@@ -158,6 +159,7 @@ class Member:
         self._tick_task: asyncio.Task[None] | None = None
         self._process_scheduled = False
         self._unprocessed = 0  # events since the last _process
+        self._busy_poll = BusyPoll(settings.poll_spin_us / 1e6)  # the next hop's message
         self._prepared: dict[int, Logged] = {}  # leader: zxid -> what _prepare made of it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_counter = 0
@@ -341,6 +343,7 @@ class Member:
             # A lone write's ACK goes out now, not after the reads this sync held back.
             self._synced_inline = False
             self.peers.flush()
+        self._busy_poll.touch()
 
     def _carry_out(self, ready: Ready) -> None:
         if ready.hard_state is not None or ready.truncate_to is not None or ready.snapshot:

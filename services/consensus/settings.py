@@ -66,6 +66,7 @@ class ConsensusSettings(ServiceSettings):
     snap_retain_count: int = Field(3, ge=1)  # snapshots kept (ZooKeeper's autopurge)
     max_buffer: int = Field(1024 * 1024, ge=1024)  # jute.maxbuffer
     max_client_connections: int = Field(1000, ge=1)
+    poll_spin_us: int = Field(500, ge=0)  # after work, poll this long before sleeping
     session_secret: str = "directlog"  # session passwords are an HMAC of the id with it
 
     @field_validator("members")
