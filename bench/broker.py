@@ -41,9 +41,9 @@ deleted after it (best effort), so what a broker holds does not grow round after
 client, the broker and its storage share this machine's two cores, as in any loopback test,
 and the Python client's own per-message cost is part of every msg/s figure. The bench
 process keeps the heap memory it frees (`keep_freed_heap`), so the clients' 32 KiB values
-do not land on freshly faulted pages batch after batch. Next to each
-figure the run reports the cores the client process (Python and librdkafka's threads) and
-the broker process kept busy while it was timed: a side near 1.0 is what bounds the figure.
+do not land on freshly faulted pages batch after batch. Next to each figure the run
+reports the cores the client process (Python and librdkafka's threads) and the broker
+process kept busy while it was timed: a side near 1.0 is what bounds the figure.
 
 The output closes with one JSON line holding every figure, with ratios ours/tansu and ours
 over the limits (MB = 10**6 bytes); the same JSON is written to bench/results/broker.json.
