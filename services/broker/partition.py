@@ -151,10 +151,9 @@ class Partition:
 
     def append_as_leader(self, records: Buffer, acks: int) -> AppendResult:
         self.check_appendable(acks)
-        result = self.log.append(records, leader_epoch=self.info.leader_epoch)
-        if result.duplicate:
-            return result  # an idempotent producer's retry: nothing new to replicate
-        self.appended()
+        (result,) = self.append_produced([records])
+        if isinstance(result, Exception):
+            raise result
         return result
 
     def append_produced(self, records: Sequence[Buffer]) -> list[AppendResult | Exception]:
@@ -162,6 +161,7 @@ class Partition:
         go, each answered with its result or error (PartitionLog.append_produced); the high
         watermark moves once for all of them."""
         results = self.log.append_produced(records, self.info.leader_epoch)
+        # An idempotent producer's retry (duplicate) brings nothing new to replicate.
         if any(isinstance(result, AppendResult) and not result.duplicate for result in results):
             self.appended()
         return results
