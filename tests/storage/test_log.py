@@ -28,6 +28,7 @@ from services.broker.storage import (
     MessageTooLargeError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
+    log_file,
 )
 from tests.storage.helpers import T0, batch, read_all, tree_digest
 
@@ -143,6 +144,57 @@ def test_segments_roll_on_size_and_are_named_by_base_offset(open_log, tmp_path: 
     suffixes = {p.suffix for p in (tmp_path / "topic-0").iterdir()}
     assert suffixes == {".log", ".index", ".timeindex", ".snapshot"}  # producer state at rolls
     assert [r.offset for r in read_all(log)] == list(range(30))
+
+
+def disk_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_head_segment_reserves_disk_ahead_and_gives_it_back_when_it_rolls(open_log):
+    log = open_log(LogConfig(segment_bytes=8 << 20))
+    head = log.segments[-1]
+    values = [b"%02d" % i * 32 * 1024 for i in range(40)]  # 2.6 MB: past the first steps
+    for i, value in enumerate(values):
+        log.append(batch([value], ts=T0 + i))
+        assert os.path.getsize(head.log.path) == head.size  # the length is the logical end
+        assert disk_bytes(head.log.path) >= max(head.size, 1 << 20)  # allocated ahead
+    assert [r.value for r in read_all(log)] == values
+    log.roll()
+    assert head.size <= disk_bytes(head.log.path) < head.size + 64 * 1024
+    new_head = log.segments[-1]
+    log.append(batch([b"after"], ts=T0 + 40))
+    log.close()
+    assert disk_bytes(new_head.log.path) < 64 * 1024  # a clean close gives it back too
+
+
+def test_reserved_blocks_left_by_a_crash_are_invisible_and_reclaimed(open_log):
+    log = open_log(LogConfig(segment_bytes=1 << 20))
+    values = [b"%03d" % i * 300 for i in range(50)]
+    for i, value in enumerate(values):
+        log.append(batch([value], ts=T0 + i))
+    path = log.segments[-1].log.path
+    assert disk_bytes(path) >= 1 << 20  # reserved, never given back: as after a crash
+    recovered = open_log(LogConfig(segment_bytes=1 << 20))
+    assert recovered.log_end_offset == 50
+    assert [r.value for r in read_all(recovered)] == values
+    assert recovered.append(batch([b"next"], ts=T0 + 50)).first_offset == 50
+    recovered.roll()
+    assert disk_bytes(path) < os.path.getsize(path) + 64 * 1024
+
+
+def test_appends_go_on_when_the_file_system_refuses_to_reserve(open_log, monkeypatch):
+    class Refusing:  # a file system without fallocate, or one that is full
+        @staticmethod
+        def fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+            return -1
+
+    monkeypatch.setattr(log_file, "_libc", Refusing)
+    log = open_log(LogConfig(segment_bytes=1 << 20))
+    values = [b"%02d" % i * 1000 for i in range(20)]
+    for i, value in enumerate(values):
+        log.append(batch([value], ts=T0 + i))
+    assert disk_bytes(log.segments[-1].log.path) < 64 * 1024
+    assert [r.value for r in read_all(log)] == values
 
 
 def test_segments_roll_on_time(open_log, clock):

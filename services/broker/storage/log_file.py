@@ -5,12 +5,20 @@ segment (log.preallocate) is created at its full capacity and filled in place â€
 positional writes for TCP produce, or through a shared memory mapping for producers that
 place bytes themselves (the RDMA datapaths). Readers never see past the logical size.
 
+A file without a capacity reserves disk blocks ahead of its logical end instead, in steps
+that grow with the file up to 32 MiB (Redpanda's segment fallocation step), with
+FALLOC_FL_KEEP_SIZE so the file's length stays the logical size. ext4 otherwise allocates
+blocks at every write (delayed allocation and buffer heads): 1 MiB pwritev in reused pages
+measured 0.16 ms/MiB without the reservation and 0.10 with it. The reservation is given
+back when the segment stops being the head (`trim`).
+
 The descriptor closes when the file is closed or, after a delete, when the last FileSlice
 still being sent from it is dropped â€” the same grace Kafka gives in-flight fetches.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import weakref
@@ -21,6 +29,11 @@ from directlog.records.varint import Buffer
 from services.broker.storage.errors import StorageError
 
 _IOV_MAX = 1024
+_RESERVE_MIN = 1 << 20
+_RESERVE_MAX = 32 << 20
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
 class LogFile:
@@ -32,6 +45,7 @@ class LogFile:
         self.size = 0 if create else os.fstat(self.fd).st_size
         self.capacity: int | None = None
         self._mapping: mmap.mmap | None = None
+        self._reserved = self.size  # disk blocks allocated up to here (files without capacity)
         if capacity is not None:
             self.preallocate(capacity)
 
@@ -50,6 +64,8 @@ class LogFile:
         was, so no partial batch is ever left behind, and StorageError is raised."""
         start = self.size
         total = sum(map(len, iov))
+        if self.capacity is None and start + total > self._reserved:
+            self._reserve(start + total)
         try:
             written = os.pwritev(self.fd, iov, start) if len(iov) <= _IOV_MAX else 0
             position = start + written
@@ -66,6 +82,15 @@ class LogFile:
             self._cut(start)
             raise StorageError(f"append to {self.path} failed: {exc}") from exc
         self.size = start + total
+
+    def _reserve(self, end: int) -> None:
+        """Allocate blocks from the reserved end to past `end`. A refusal (no space left, a
+        file system without fallocate) is not an error: the writes then allocate for
+        themselves, and report what actually fails."""
+        target = end + min(max(end, _RESERVE_MIN), _RESERVE_MAX)
+        length = target - self._reserved
+        if _libc.fallocate(self.fd, _FALLOC_FL_KEEP_SIZE, self._reserved, length) == 0:
+            self._reserved = target
 
     def region(self, position: int, length: int) -> memoryview:
         """A writable view of [position, position + length) of the preallocated file."""
@@ -98,16 +123,19 @@ class LogFile:
 
     def _cut(self, size: int) -> None:
         self.unmap()
-        os.ftruncate(self.fd, size)
+        os.ftruncate(self.fd, size)  # frees the blocks reserved past it as well
+        self._reserved = size
         if self.capacity is not None:
             os.ftruncate(self.fd, self.capacity)
 
     def trim(self) -> None:
-        """Give back preallocated space: the file becomes exactly its logical size."""
+        """Give back preallocated and reserved space: the file becomes exactly its logical
+        size on disk."""
         self.unmap()
         self.capacity = None
-        if self.length_on_disk != self.size:
+        if self.length_on_disk != self.size or self._reserved > self.size:
             os.ftruncate(self.fd, self.size)
+            self._reserved = self.size
 
     def flush(self) -> None:
         if self._closer.alive:
