@@ -56,7 +56,8 @@ def receive_all(reader: FrameReader, stream: bytes, chunks: list[int]) -> list[b
         position += count
         turn += 1
         reader.received(count)
-        out += [bytes(f) for f in reader.frames()]  # copied: views live until writable()
+        views = list(reader.frames())  # every view of a pass lives until writable()
+        out += [bytes(f) for f in views]
     return out
 
 
@@ -66,6 +67,31 @@ def test_frames_survive_any_split_and_any_size(payloads, chunks):
     reader = FrameReader(max_frame=1024, buffer_size=64)  # many frames outgrow the buffer
     assert receive_all(reader, stream, chunks) == payloads
     assert reader.pending == 0
+
+
+def test_large_frames_reuse_one_buffer_until_one_outgrows_it():
+    reader = FrameReader(max_frame=1 << 20, buffer_size=64)
+    (first,) = receive_large(reader, frame(b"a" * 5000))
+    assert bytes(first) == b"a" * 5000
+    kept = first.obj
+    (second,) = receive_large(reader, frame(b"b" * 3000))
+    assert bytes(second) == b"b" * 3000 and second.obj is kept  # the dead frame's buffer
+    (third,) = receive_large(reader, frame(b"c" * 9000))
+    assert bytes(third) == b"c" * 9000 and third.obj is not kept  # outgrown: replaced
+
+
+def receive_large(reader: FrameReader, stream: bytes) -> list[memoryview]:
+    """Views of the frames `stream` completes, received as fast as the reader takes it."""
+    views: list[memoryview] = []
+    position = 0
+    while position < len(stream):
+        room = reader.writable()
+        count = min(len(room), len(stream) - position)
+        room[:count] = stream[position : position + count]
+        position += count
+        reader.received(count)
+        views += reader.frames()
+    return views
 
 
 def test_oversized_and_negative_frames_are_refused_before_buffering():
