@@ -73,7 +73,7 @@ class FrameReader:
                 # its size, where the rest is received. The buffer is empty after it, so a
                 # pass never hands out two large frames.
                 self._large = self._large_buffer(size)
-                self._large[:available] = buffer[self._start + 4 : self._end]
+                self._large[:available] = memoryview(buffer)[self._start + 4 : self._end]
                 self._large_filled = available
                 self._start = self._end
                 return
