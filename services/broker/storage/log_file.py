@@ -34,6 +34,7 @@ _RESERVE_MAX = 32 << 20
 _FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+_libc.fallocate.restype = ctypes.c_int
 
 
 class LogFile:
@@ -88,8 +89,7 @@ class LogFile:
         file system without fallocate) is not an error: the writes then allocate for
         themselves, and report what actually fails."""
         target = end + min(max(end, _RESERVE_MIN), _RESERVE_MAX)
-        length = target - self._reserved
-        if _libc.fallocate(self.fd, _FALLOC_FL_KEEP_SIZE, self._reserved, length) == 0:
+        if reserve_blocks(self.fd, self._reserved, target - self._reserved):
             self._reserved = target
 
     def region(self, position: int, length: int) -> memoryview:
@@ -149,6 +149,13 @@ class LogFile:
         """Remove the file; the descriptor lives on while a FileSlice still refers to it."""
         self.unmap()
         self.path.unlink(missing_ok=True)
+
+
+def reserve_blocks(fd: int, offset: int, length: int) -> bool:
+    """Allocate disk blocks for [offset, offset + length) without changing the file's
+    length (fallocate with FALLOC_FL_KEEP_SIZE); False when the file system refuses."""
+    result: int = _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length)
+    return result == 0
 
 
 def _advance(chunk: list[Buffer], written: int) -> list[Buffer]:
