@@ -9,7 +9,9 @@ import struct
 import tempfile
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -44,9 +46,12 @@ with warnings.catch_warnings():
     from kafka.protocol.producer import ProduceRequest
 
 
-def receive_all(reader: FrameReader, stream: bytes, chunks: list[int]) -> list[bytes]:
-    """Feed `stream` the way a socket would, at most chunks[i] bytes per receive."""
-    out: list[bytes] = []
+def receive_all(
+    reader: FrameReader, stream: bytes, chunks: list[int], take: Callable[[memoryview], Any] = bytes
+) -> list[Any]:
+    """Feed `stream` the way a socket would, at most chunks[i] bytes per receive; `take`
+    each frame (a copy by default: views live until writable())."""
+    out: list[Any] = []
     position, turn = 0, 0
     while position < len(stream):
         view = reader.writable()
@@ -57,7 +62,7 @@ def receive_all(reader: FrameReader, stream: bytes, chunks: list[int]) -> list[b
         turn += 1
         reader.received(count)
         views = list(reader.frames())  # every view of a pass lives until writable()
-        out += [bytes(f) for f in views]
+        out += [take(f) for f in views]
     return out
 
 
@@ -71,27 +76,13 @@ def test_frames_survive_any_split_and_any_size(payloads, chunks):
 
 def test_large_frames_reuse_one_buffer_until_one_outgrows_it():
     reader = FrameReader(max_frame=1 << 20, buffer_size=64)
-    (first,) = receive_large(reader, frame(b"a" * 5000))
+    (first,) = receive_all(reader, frame(b"a" * 5000), [1 << 20], memoryview)
     assert bytes(first) == b"a" * 5000
     kept = first.obj
-    (second,) = receive_large(reader, frame(b"b" * 3000))
+    (second,) = receive_all(reader, frame(b"b" * 3000), [1 << 20], memoryview)
     assert bytes(second) == b"b" * 3000 and second.obj is kept  # the dead frame's buffer
-    (third,) = receive_large(reader, frame(b"c" * 9000))
+    (third,) = receive_all(reader, frame(b"c" * 9000), [1 << 20], memoryview)
     assert bytes(third) == b"c" * 9000 and third.obj is not kept  # outgrown: replaced
-
-
-def receive_large(reader: FrameReader, stream: bytes) -> list[memoryview]:
-    """Views of the frames `stream` completes, received as fast as the reader takes it."""
-    views: list[memoryview] = []
-    position = 0
-    while position < len(stream):
-        room = reader.writable()
-        count = min(len(room), len(stream) - position)
-        room[:count] = stream[position : position + count]
-        position += count
-        reader.received(count)
-        views += reader.frames()
-    return views
 
 
 def test_oversized_and_negative_frames_are_refused_before_buffering():
