@@ -182,6 +182,15 @@ def test_reserved_blocks_left_by_a_crash_are_invisible_and_reclaimed(open_log):
     assert disk_bytes(path) < os.path.getsize(path) + 64 * 1024
 
 
+def test_a_crash_reservation_is_reclaimed_even_without_a_new_append(open_log):
+    log = open_log(LogConfig(segment_bytes=1 << 20))
+    log.append(batch([b"v" * 3000], ts=T0))
+    path = log.segments[-1].log.path
+    recovered = open_log(LogConfig(segment_bytes=1 << 20))  # the first never closed
+    recovered.close()
+    assert disk_bytes(path) < os.path.getsize(path) + 64 * 1024
+
+
 def test_appends_go_on_when_the_file_system_refuses_to_reserve(open_log, monkeypatch):
     class Refusing:  # a file system without fallocate, or one that is full
         @staticmethod

@@ -130,12 +130,12 @@ class LogFile:
 
     def trim(self) -> None:
         """Give back preallocated and reserved space: the file becomes exactly its logical
-        size on disk."""
+        size on disk. Cut unconditionally: a file reopened after a crash may hold blocks
+        reserved past its end that `_reserved` cannot know of."""
         self.unmap()
         self.capacity = None
-        if self.length_on_disk != self.size or self._reserved > self.size:
-            os.ftruncate(self.fd, self.size)
-            self._reserved = self.size
+        os.ftruncate(self.fd, self.size)
+        self._reserved = self.size
 
     def flush(self) -> None:
         if self._closer.alive:
