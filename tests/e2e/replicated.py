@@ -72,7 +72,7 @@ class Load:
             }
         )
         self.acked: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
-        self.failed = 0
+        self.failures: list[str] = []  # why each failed send failed, for the assertion message
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -97,7 +97,11 @@ class Load:
         if error is None:
             self.acked[message.partition()].append((message.offset(), message.value()))
         else:
-            self.failed += 1
+            self.failures.append(f"partition {message.partition()} {message.value()!r}: {error}")
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
 
     def wait_acked(self, more: int, timeout: float = TIMEOUT) -> None:
         target = self.count() + more

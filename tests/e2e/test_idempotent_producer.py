@@ -55,7 +55,7 @@ def test_leader_killed_under_idempotent_load_leaves_no_duplicates_and_no_gaps(
         load.wait_acked(500)
         cluster.brokers[victim].start()
         load.wait_acked(500)
-    assert load.failed == 0, f"{load.failed} sends failed"
+    assert load.failed == 0, f"{load.failed} sends failed: {load.failures[:3]}"
     stored = read_back(cluster)
     for partition in range(PARTITIONS):
         values = [int(v) for _, v in stored[partition]]

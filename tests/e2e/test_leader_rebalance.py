@@ -87,7 +87,7 @@ def test_a_restarted_broker_leads_its_preferred_partitions_again(tmp_path: Path)
         elections = controller.sample(PREFERRED_ELECTIONS)
         assert elections is not None and elections >= len(led), cluster.logs()
         assert "preferred leader election" in controller.stderr_text()
-        assert load.failed == 0, f"{load.failed} sends failed"
+        assert load.failed == 0, f"{load.failed} sends failed: {load.failures[:3]}"
         stored = read_back(cluster)
         duplicates = check_no_acknowledged_record_lost(load, stored)
         check_replicas_identical(cluster, stored)

@@ -62,7 +62,7 @@ def test_rolling_restart_under_load_moves_leaders_first_and_loses_nothing(
             for node_id in cluster.brokers:
                 moved += restart(cluster, node_id)
                 load.wait_acked(200)
-        assert load.failed == 0, f"{load.failed} sends failed"
+        assert load.failed == 0, f"{load.failed} sends failed: {load.failures[:3]}"
         assert moved > 0  # at least one restart had leaderships to hand over
         assert all(b.exit_codes == [0] for b in cluster.brokers.values())
         check_controller(cluster)
