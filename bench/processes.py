@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
@@ -41,6 +42,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(STOP_SECONDS)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process `pid` on `cpus` only (nothing if it is gone); threads it
+    starts later inherit the set from the thread that starts them."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def cpu_seconds(pid: int) -> float:
