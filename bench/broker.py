@@ -116,8 +116,11 @@ BROKER_CHECKS = (
     *(f"{figure}_{side}_cores" for figure in BROKER_FIGURES for side in ("client", "broker")),
 )
 LIMIT_FIGURES = ("tcp_loopback_MBps", "sendfile_loopback_MBps")
-# The figures compared with a machine limit, and the limit each is compared with.
-LIMITED = {"produce_32k_MBps": "tcp_loopback_MBps", "consume_32k_MBps": "sendfile_loopback_MBps"}
+# The figures compared with a machine limit: figure -> (limit, the ratio's name).
+LIMITED = {
+    "produce_32k_MBps": ("tcp_loopback_MBps", "produce_32k_vs_tcp_limit"),
+    "consume_32k_MBps": ("sendfile_loopback_MBps", "consume_32k_vs_sendfile_limit"),
+}
 
 SMALL_VALUE = 200
 BIG_VALUE = 32 * 1024
@@ -722,14 +725,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def ratios(ours: Figures, tansu: Figures, limits: Figures) -> Figures:
     out: Figures = {f"{f}_vs_tansu": ratio(ours[f], tansu[f]) for f in BROKER_FIGURES}
     for who, figures in (("", ours), ("tansu_", tansu)):
-        for figure, limit in LIMITED.items():
-            out[f"{who}{ratio_name(figure, limit)}"] = ratio(figures[figure], limits[limit])
+        for figure, (limit, name) in LIMITED.items():
+            out[who + name] = ratio(figures[figure], limits[limit])
     return out
-
-
-def ratio_name(figure: str, limit: str) -> str:
-    """produce_32k_MBps over tcp_loopback_MBps: produce_32k_vs_tcp_limit."""
-    return f"{figure.removesuffix('_MBps')}_vs_{limit.split('_')[0]}_limit"
 
 
 def cell(value: float | None, decimals: int) -> str:
@@ -742,7 +740,7 @@ def print_report(ours: Figures, tansu: Figures, limits: Figures, rel: Figures) -
         print(f"{f:32}{cell(ours[f], 1)}{cell(tansu[f], 1)}{cell(rel[f + '_vs_tansu'], 3)}")
     for f in LIMIT_FIGURES:
         print(f"{f:32}{cell(limits[f], 1)}  (machine limit)")
-    for key in (ratio_name(figure, limit) for figure, limit in LIMITED.items()):
+    for _, key in LIMITED.values():
         print(f"{key:32}{cell(rel[key], 3)}{cell(rel['tansu_' + key], 3)}")
     print(f"\n{'cores busy while timed':32}{'client':>14}{'broker':>14}  (ours, then tansu)")
     for f in BROKER_FIGURES:
