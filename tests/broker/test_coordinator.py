@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from directlog.protocol.errors import ErrorCode
@@ -30,18 +31,21 @@ class Clock:
         return self.now
 
 
-def leading(directory: Path, epoch: int = 0) -> Partition:
-    """Partition 0 of a one-partition offsets topic, led here (broker 1) in `epoch`."""
+def leading(directory: Path, epoch: int = 0, replicas: tuple[int, ...] = (1,)) -> Partition:
+    """Partition 0 of a one-partition offsets topic, led here (broker 1) in `epoch`, every
+    replica in the ISR."""
     log = PartitionLog.open(directory, LogConfig(cleanup_policy="compact"))
     partition = Partition(
         TopicPartition(OFFSETS_TOPIC, 0), uuid.uuid4(), log, 1, lambda: None, lambda p, i: None
     )
-    partition.become_leader(PartitionInfo(0, (1,), 1, epoch, (1,), 0), 0)
+    partition.become_leader(PartitionInfo(0, replicas, 1, epoch, replicas, 0), 0)
     return partition
 
 
-async def loaded(partition: Partition, clock: Clock) -> GroupCoordinator:
-    coordinator = GroupCoordinator(SETTINGS, lambda: 1, clock)
+async def loaded(
+    partition: Partition, clock: Clock, settings: CoordinatorSettings = SETTINGS
+) -> GroupCoordinator:
+    coordinator = GroupCoordinator(settings, lambda: 1, clock)
     coordinator.leadership_changed(partition)
     for _ in range(200):
         if coordinator.owned[0].loaded:
@@ -56,13 +60,24 @@ def join_request(member_id: str = "") -> JoinRequest:
     )
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+async def second_join(coordinator: GroupCoordinator, group: str, member_id: str) -> JoinReply:
+    """The second half of a two-phase join, for a member alone in its group: the tick
+    completes the join at once (no initial rebalance delay)."""
+    joining = asyncio.ensure_future(coordinator.join(group, join_request(member_id)))
+    await asyncio.sleep(0)
+    coordinator.tick()
+    return await joining
+
+
 async def stable_member(coordinator: GroupCoordinator) -> tuple[str, int]:
     first = await coordinator.join(GROUP, join_request())
     assert first.error is ErrorCode.MEMBER_ID_REQUIRED
-    joining = asyncio.ensure_future(coordinator.join(GROUP, join_request(first.member_id)))
-    await asyncio.sleep(0)
-    coordinator.tick()
-    joined = await joining
+    joined = await second_join(coordinator, GROUP, first.member_id)
     assert isinstance(joined, JoinReply) and joined.error is ErrorCode.NONE
     synced = await coordinator.sync(
         GROUP, joined.member_id, None, joined.generation, None, None, {joined.member_id: b"P0"}
@@ -172,6 +187,67 @@ def test_losing_the_partition_answers_waiting_joins_not_coordinator(tmp_path: Pa
         reply = await waiting
         assert reply.error is ErrorCode.NOT_COORDINATOR
         assert coordinator.heartbeat(GROUP, first.member_id, None, 1) is ErrorCode.NOT_COORDINATOR
+        await coordinator.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+
+
+# offsets.retention.ms shorter than the members' 10 s session, so an offset can expire while
+# a member id handed out is still waiting for its second join.
+RETAINING = CoordinatorSettings(GroupLimits(initial_rebalance_delay_ms=0), retention_ms=5_000)
+
+
+def test_offset_expiry_forgets_abandoned_groups_but_not_one_being_joined(tmp_path: Path) -> None:
+    async def run() -> None:
+        clock = Clock()
+        partition = leading(tmp_path)
+        coordinator = await loaded(partition, clock, RETAINING)
+        first = await coordinator.join(GROUP, join_request())
+        assert first.error is ErrorCode.MEMBER_ID_REQUIRED
+        assert await coordinator.commit("idle", "", None, -1, [Commit("t", 0, 7, -1, None)]) == [
+            ErrorCode.NONE
+        ]
+        clock.now += RETAINING.retention_ms
+        coordinator.tick()  # the first tick runs the retention check: GROUP first, then "idle"
+        await until(lambda: coordinator.lookup("idle") is None)
+        assert coordinator.lookup(GROUP) is not None
+        joined = await second_join(coordinator, GROUP, first.member_id)
+        assert joined.error is ErrorCode.NONE and joined.member_id == first.member_id
+        await coordinator.close()
+        partition.log.close()
+
+        successor = await loaded(leading(tmp_path, epoch=1), clock, RETAINING)
+        assert successor.lookup("idle") is None
+        assert successor.fetch_offsets("idle", None) == {}
+        await successor.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def test_a_join_while_the_group_tombstone_replicates_keeps_the_group(tmp_path: Path) -> None:
+    """The retention check appends an abandoned group's tombstone and waits for the ISR; a
+    join in that wait makes the group live again, and it must stay."""
+
+    async def run() -> None:
+        clock = Clock()
+        partition = leading(tmp_path, replicas=(1, 2))
+        coordinator = await loaded(partition, clock)
+        for group in (GROUP, "later"):  # member ids that are never used: abandoned groups
+            assert (await coordinator.join(group, join_request())).error is (
+                ErrorCode.MEMBER_ID_REQUIRED
+            )
+        clock.now += 10_000
+        coordinator.tick()
+        await until(lambda: partition.log.log_end_offset == 1)  # GROUP's tombstone, waiting
+        first = await coordinator.join(GROUP, join_request())
+        assert first.error is ErrorCode.MEMBER_ID_REQUIRED
+        partition.follower_fetched(2, 1, clock.now)
+        await until(lambda: partition.log.log_end_offset == 2)  # on to "later"
+        partition.follower_fetched(2, 2, clock.now)
+        await until(lambda: coordinator.lookup("later") is None)
+        assert coordinator.lookup(GROUP) is not None
+        joined = await second_join(coordinator, GROUP, first.member_id)
+        assert joined.error is ErrorCode.NONE and joined.member_id == first.member_id
         await coordinator.close()
 
     asyncio.run(asyncio.wait_for(run(), 20))

@@ -563,7 +563,8 @@ class GroupCoordinator:
     async def _expire_offsets(self) -> None:
         """offsets.retention.ms (Kafka 2.1+): a group's offsets go once it has been Empty
         that long (a group that never had members: each offset that long after its commit);
-        a group left with neither members nor offsets goes too."""
+        a group left with no members, no member id waiting for its second join and no
+        offsets goes too."""
         now = self._clock()
         retention = self.settings.retention_ms
         for group in list(self.groups.values()):
@@ -581,11 +582,17 @@ class GroupCoordinator:
                 log.info("group %s: %d committed offsets expired", group.group_id, len(expired))
                 if await self._tombstone_offsets(group, expired) is not ErrorCode.NONE:
                     continue
-            if not group.offsets and group.state is GroupState.EMPTY and not group.members:
+            if _abandoned(group):
                 code, _ = await self._append(
                     group.group_id, [(encode_group_key(GroupKey(group.group_id)), None)]
                 )
-                if code is ErrorCode.NONE and self.groups.get(group.group_id) is group:
+                # A join may have come while the tombstone replicated: the group is in use
+                # again, and what it stores later supersedes the tombstone.
+                if (
+                    code is ErrorCode.NONE
+                    and self.groups.get(group.group_id) is group
+                    and _abandoned(group)
+                ):
                     self._forget(group)
 
     def _is_loaded(self, group: Group) -> bool:
@@ -593,14 +600,19 @@ class GroupCoordinator:
         return owned is not None and owned.loaded
 
 
-def _unused(group: Group) -> bool:
+def _abandoned(group: Group) -> bool:
+    """Empty with nothing to keep: no members, no member ids handed out and waiting for
+    their second join, no committed offsets."""
     return (
         group.state is GroupState.EMPTY
-        and group.generation == 0
         and not group.members
         and not group.pending_members
         and not group.offsets
     )
+
+
+def _unused(group: Group) -> bool:
+    return group.generation == 0 and _abandoned(group)
 
 
 def _new_member_id(prefix: str) -> str:
