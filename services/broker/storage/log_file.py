@@ -132,10 +132,8 @@ class LogFile:
         """Give back preallocated and reserved space: the file becomes exactly its logical
         size on disk. Cut unconditionally: a file reopened after a crash may hold blocks
         reserved past its end that `_reserved` cannot know of."""
-        self.unmap()
         self.capacity = None
-        os.ftruncate(self.fd, self.size)
-        self._reserved = self.size
+        self._cut(self.size)
 
     def flush(self) -> None:
         if self._closer.alive:
