@@ -5,6 +5,7 @@ polling the completion queue for rdma_poll_spin_us, then stops."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,19 @@ class CountingQueue:
 
 async def write_once(
     tmp_path: Path, spin_us: int, instants: list[float]
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], float]:
     """One WRITE_WITH_IMM into an endpoint spinning `spin_us`: (the immediates the module
-    got, the endpoint's poll counts at `instants`, seconds after the completion)."""
+    got, the endpoint's poll counts at `instants` seconds after the module got the
+    completion, the latest any count was taken past its instant)."""
     settings = BrokerSettings(data_dir=tmp_path, rdma_provider="shm", rdma_poll_spin_us=spin_us)
     accepted: list[QueuePair] = []
     immediates: list[int] = []
+    completed_at: list[float] = []
+
+    def completed(wc: WorkCompletion) -> None:
+        completed_at.append(time.monotonic())  # the endpoint's spin clock
+        immediates.append(wc.imm_data if wc.imm_data is not None else -1)
+
     endpoint = RdmaEndpoint(
         "test",
         settings,
@@ -47,7 +55,7 @@ async def write_once(
         CAPS,
         16,
         accepted.append,
-        lambda wc: immediates.append(wc.imm_data if wc.imm_data is not None else -1),
+        completed,
     )
     counting = CountingQueue(endpoint.cq)
     endpoint.cq = counting  # type: ignore[assignment]
@@ -64,15 +72,15 @@ async def write_once(
         qp.post_write_with_imm(1, local.sge(0, 5), target.addr, target.rkey, 77)
         while not immediates:
             await asyncio.sleep(0.001)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         polls = []
+        late = 0.0
         for instant in instants:
-            await asyncio.sleep(max(0.0, start + instant - loop.time()))
+            await asyncio.sleep(max(0.0, completed_at[0] + instant - time.monotonic()))
             polls.append(counting.polls)
+            late = max(late, time.monotonic() - completed_at[0] - instant)
         assert bytes(target.buf[:5]) == b"hello"
         qp.close()
-        return immediates, polls
+        return immediates, polls, late
     finally:
         target.deregister()
         await endpoint.close()
@@ -80,7 +88,15 @@ async def write_once(
 
 
 def test_the_loop_keeps_polling_for_the_spin_then_stops(tmp_path: Path) -> None:
-    immediates, polls = asyncio.run(write_once(tmp_path, 100_000, [0.01, 0.05, 0.3, 0.5]))
+    # A VM pause can outlast the 0.1 s spin before a count is taken; such a run shows
+    # nothing about the spin, so it is repeated (at most twice).
+    for attempt in range(3):
+        immediates, polls, late = asyncio.run(
+            write_once(tmp_path / str(attempt), 100_000, [0.01, 0.05, 0.3, 0.5])
+        )
+        if late < 0.03:
+            break
+    assert late < 0.03, f"every run paused {late:.3f} s past a count's instant"
     assert immediates == [77]
     # Still spinning 0.05 s after the completion: a poll per loop turn (each yields the CPU
     # first, so how many depends on what else runs; without a spin there are none).
@@ -90,6 +106,6 @@ def test_the_loop_keeps_polling_for_the_spin_then_stops(tmp_path: Path) -> None:
 
 
 def test_no_spin_polls_only_when_the_doorbell_rings(tmp_path: Path) -> None:
-    immediates, polls = asyncio.run(write_once(tmp_path, 0, [0.01, 0.05, 0.1, 0.2]))
+    immediates, polls, _ = asyncio.run(write_once(tmp_path, 0, [0.01, 0.05, 0.1, 0.2]))
     assert immediates == [77]
     assert polls[0] <= 3 and polls[3] == polls[0], polls
