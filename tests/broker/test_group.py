@@ -127,6 +127,11 @@ def test_leaving_member_triggers_a_rebalance_and_the_last_one_empties_the_group(
     assert group.state is GroupState.EMPTY and group.generation == 2
     assert group.take_store() is True and group.take_store() is False
     assert group.to_value().members == []
+    # Still a consumer group (Kafka lists it so), and one of another type may take it over.
+    assert group.protocol_type == group.to_value().protocol_type == "consumer"
+    assert group.protocol is None
+    join_new(group, now, protocol_type="connect")
+    assert group.protocol_type == "connect"
 
 
 def test_a_member_that_does_not_rejoin_in_time_is_dropped() -> None:

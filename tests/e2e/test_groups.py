@@ -611,6 +611,9 @@ def test_admin_clients_list_describe_and_delete_groups(
         assert offsets() == committed  # kept while the group is empty
         empty = admin.describe_consumer_groups([name])[name].result(timeout=TIMEOUT)
         assert empty.state == ConsumerGroupState.EMPTY and empty.members == []
+        # Still a consumer group, not a "simple" one that only commits offsets.
+        assert not empty.is_simple_consumer_group
+        assert not listed()[name].is_simple_consumer_group
 
         admin.delete_consumer_groups([name], request_timeout=TIMEOUT)[name].result(timeout=TIMEOUT)
         assert name not in listed()

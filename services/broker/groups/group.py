@@ -385,8 +385,9 @@ class Group:
             return
         self.generation += 1
         if not self.members:
+            # The protocol type stays, as in Kafka: an emptied consumer group is still
+            # listed as one, not as a group that only commits offsets.
             self.protocol = self.leader = None
-            self.protocol_type = None
             self._transition(GroupState.EMPTY, now_ms)
             self._store = True
             return
