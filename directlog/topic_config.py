@@ -2,8 +2,8 @@
 
 Brokers apply them to partition logs and replication; the controller validates them when a
 topic is created or altered. Both read and write them as Kafka properties (CreateTopics,
-DescribeConfigs, IncrementalAlterConfigs), so one table lists each name, its field, type and
-bounds.
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs), so one table lists each name, its
+field, type and bounds.
 """
 
 from __future__ import annotations

@@ -119,6 +119,7 @@ class KafkaApis:
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
             ApiKey.CREATE_PARTITIONS: self.create_partitions,
+            ApiKey.ALTER_CONFIGS: self.alter_configs,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
@@ -1020,29 +1021,50 @@ class KafkaApis:
             ErrorCode.INVALID_REQUEST, f"resource type {resource_type} is not supported"
         )
 
+    async def alter_configs(self, request: Any, header: RequestHeader) -> Response:
+        """Kafka's legacy AlterConfigs (KafkaJS's and kafka-python's admin clients send it):
+        each topic's overrides become exactly the ones named; a null value resets one."""
+
+        def alteration(resource: Any) -> pb.ConfigAlteration:
+            wanted = {c.name: c.value for c in resource.configs if c.value is not None}
+            return pb.ConfigAlteration(name=resource.resource_name, set=wanted, replace=True)
+
+        return await self._alter_configs(ApiKey.ALTER_CONFIGS, request, alteration)
+
     async def incremental_alter_configs(self, request: Any, header: RequestHeader) -> Response:
-        response = APIS[ApiKey.INCREMENTAL_ALTER_CONFIGS].response
+        def alteration(resource: Any) -> pb.ConfigAlteration:
+            alteration = pb.ConfigAlteration(name=resource.resource_name)
+            for change in resource.configs:
+                if change.config_operation == SET:
+                    alteration.set[change.name] = change.value or ""
+                elif change.config_operation == DELETE:
+                    alteration.delete.append(change.name)
+                else:
+                    raise KafkaError(
+                        ErrorCode.INVALID_CONFIG,
+                        f"{change.name}: APPEND and SUBTRACT apply to list configs only",
+                    )
+            return alteration
+
+        return await self._alter_configs(ApiKey.INCREMENTAL_ALTER_CONFIGS, request, alteration)
+
+    async def _alter_configs(
+        self, key: ApiKey, request: Any, alteration: Callable[[Any], pb.ConfigAlteration]
+    ) -> Response:
+        """Topic config changes through the controller, each topic's all or none; answered
+        once this broker's image shows them."""
+        response = APIS[key].response
+        metric = key.name.lower()
         answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
         alterations = []
         for resource in request.resources:
             try:
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered")
-                alteration = pb.ConfigAlteration(name=resource.resource_name)
-                for change in resource.configs:
-                    if change.config_operation == SET:
-                        alteration.set[change.name] = change.value or ""
-                    elif change.config_operation == DELETE:
-                        alteration.delete.append(change.name)
-                    else:
-                        raise KafkaError(
-                            ErrorCode.INVALID_CONFIG,
-                            f"{change.name}: APPEND and SUBTRACT apply to list configs only",
-                        )
-                alterations.append(alteration)
+                alterations.append(alteration(resource))
             except Exception as error:
                 code, message = self._item_error(
-                    error, "incremental_alter_configs", f"resource {resource.resource_name!r}"
+                    error, metric, f"resource {resource.resource_name!r}"
                 )
                 answers[resource.resource_name] = (code, message, None)
         if alterations:
@@ -1059,7 +1081,7 @@ class KafkaApis:
                 applied if not request.validate_only else (lambda reply: True),
                 list(expected),
             )
-            answers.update(self._answers(reply, "incremental_alter_configs"))
+            answers.update(self._answers(reply, metric))
         return response(
             throttle_time_ms=0,
             responses=[
@@ -1079,10 +1101,12 @@ class KafkaApis:
 
     def _shows(self, alteration: pb.ConfigAlteration) -> bool:
         topic = self.image.topic(alteration.name)
-        return (
-            topic is not None
-            and all(topic.configs.get(k) == v for k, v in alteration.set.items())
-            and not any(k in topic.configs for k in alteration.delete)
+        if topic is None:
+            return False
+        if alteration.replace:
+            return topic.configs == dict(alteration.set)
+        return all(topic.configs.get(k) == v for k, v in alteration.set.items()) and not any(
+            k in topic.configs for k in alteration.delete
         )
 
 

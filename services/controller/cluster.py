@@ -591,17 +591,26 @@ class ClusterState:
         )
 
     def alter_configs(
-        self, name: str, set_configs: Mapping[str, str], delete: Iterable[str]
+        self,
+        name: str,
+        set_configs: Mapping[str, str],
+        delete: Iterable[str],
+        *,
+        replace_all: bool = False,
     ) -> Change:
-        """Incremental: set some overrides, delete others (a missing one is no error)."""
+        """Incremental: set some overrides, delete others (a missing one is no error); or,
+        with `replace_all` (Kafka's legacy AlterConfigs), make `set_configs` the only ones."""
         topic = self.find_topic(name)
         delete = set(delete)
         both = delete & set_configs.keys()
-        if both:
+        if both or (replace_all and delete):
             raise KafkaError(
-                ErrorCode.INVALID_REQUEST, f"set and deleted at once: {', '.join(sorted(both))}"
+                ErrorCode.INVALID_REQUEST,
+                f"set and deleted at once: {', '.join(sorted(both))}"
+                if both
+                else "a replacement deletes nothing by name",
             )
-        configs = {k: v for k, v in topic.configs.items() if k not in delete}
+        configs = {} if replace_all else {k: v for k, v in topic.configs.items() if k not in delete}
         configs.update(set_configs)
         _validate_configs(configs)
         if configs == topic.configs:

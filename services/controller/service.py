@@ -261,7 +261,10 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         def plan(alteration: pb.ConfigAlteration) -> TopicPlan:
             def run(state: ClusterState) -> tuple[Topic, Change]:
                 change = state.alter_configs(
-                    alteration.name, dict(alteration.set), alteration.delete
+                    alteration.name,
+                    dict(alteration.set),
+                    alteration.delete,
+                    replace_all=alteration.replace,
                 )
                 topic = change.topics[0] if change.topics else state.find_topic(alteration.name)
                 return topic, change

@@ -404,3 +404,16 @@ def test_alter_configs_sets_and_deletes_overrides() -> None:
     for set_configs, delete in [({"min.insync.replicas": "0"}, []), ({"a": "1"}, ["a"])]:
         with pytest.raises(KafkaError):
             state.alter_configs("t", set_configs, delete)
+
+
+def test_alter_configs_replacing_leaves_only_the_named_overrides() -> None:
+    state, topic_id = with_topic([(1,)], configs={"retention.ms": "5", "segment.ms": "9"})
+    commit(state, state.alter_configs("t", {"flush.ms": "7"}, [], replace_all=True))
+    assert state.topics[topic_id].configs == {"flush.ms": "7"}
+    commit(state, state.alter_configs("t", {}, [], replace_all=True))
+    assert state.topics[topic_id].configs == {}
+    for set_configs, delete in [({"retention.ms": "x"}, []), ({}, ["flush.ms"])]:
+        with pytest.raises(KafkaError) as refused:
+            state.alter_configs("t", set_configs, delete, replace_all=True)
+        assert refused.value.code in (ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_REQUEST)
+    assert state.topics[topic_id].configs == {}

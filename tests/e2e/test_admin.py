@@ -4,6 +4,7 @@ Prometheus metrics page, through confluent-kafka's AdminClient against a real br
 from __future__ import annotations
 
 import time
+import warnings
 from concurrent.futures import Future
 from typing import Any
 
@@ -276,6 +277,69 @@ def test_incremental_alter_configs(module_broker, clients, topic_name):
     good = ConfigEntry("segment.bytes", "2097152", incremental_operation=AlterConfigOpType.SET)
     assert fails_with(alter_topic(admin, topic, good, bad)) == KafkaError.INVALID_CONFIG
     assert describe_topic(admin, topic)["segment.bytes"].value == SEGMENT_BYTES_DEFAULT
+
+
+def replace_configs(
+    admin: Any, topic: str, configs: dict[str, str], validate_only: bool = False
+) -> Future[Any]:
+    """The legacy AlterConfigs (key 33): the topic's overrides become `configs`."""
+    resource = ConfigResource(ResourceType.TOPIC, topic, set_config=configs)
+    with warnings.catch_warnings():  # deprecated for IncrementalAlterConfigs, still sent
+        warnings.simplefilter("ignore", DeprecationWarning)
+        (future,) = admin.alter_configs(
+            [resource], validate_only=validate_only, request_timeout=TIMEOUT
+        ).values()
+    return future
+
+
+def overrides(admin: Any, topic: str) -> dict[str, str]:
+    return {
+        name: entry.value
+        for name, entry in describe_topic(admin, topic).items()
+        if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    }
+
+
+def test_legacy_alter_configs_replaces_the_overrides(module_broker, clients, topic_name):
+    """AlterConfigs, which KafkaJS and older admin clients send: the configs named become the
+    topic's only overrides, the others return to their defaults; all or nothing."""
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("legacy")
+    first = {"retention.ms": "86400000", "segment.bytes": "2097152"}
+    create(admin, NewTopic(topic, 1, config=first))[topic].result(timeout=TIMEOUT)
+    assert overrides(admin, topic) == first
+
+    wanted = {"retention.ms": "3600000", "segment.ms": "600000"}
+    assert replace_configs(admin, topic, wanted).result(timeout=TIMEOUT) is None
+    assert overrides(admin, topic) == wanted
+    entry = describe_topic(admin, topic)["segment.bytes"]
+    assert (entry.value, entry.is_default) == (SEGMENT_BYTES_DEFAULT, True)
+
+    # Refused or only validated: nothing changes.
+    bad = {"retention.ms": "abc", "segment.ms": "1000"}
+    assert fails_with(replace_configs(admin, topic, bad)) == KafkaError.INVALID_CONFIG
+    assert replace_configs(admin, topic, {}, validate_only=True).result(timeout=TIMEOUT) is None
+    assert overrides(admin, topic) == wanted
+    missing = topic_name("legacy-missing")
+    assert fails_with(replace_configs(admin, missing, {})) == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+    # kafka-python's admin sends AlterConfigs when told not to use the incremental API, and
+    # carries the other overrides over itself.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka import KafkaAdminClient
+        from kafka.admin import ConfigResource as KConfigResource
+
+    kadmin = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap)
+    try:
+        change = KConfigResource("TOPIC", topic, {"retention.ms": "7200000"})
+        kadmin.alter_configs([change], incremental=False)
+    finally:
+        kadmin.close()
+    assert overrides(admin, topic) == {"retention.ms": "7200000", "segment.ms": "600000"}
+
+    assert replace_configs(admin, topic, {}).result(timeout=TIMEOUT) is None
+    assert overrides(admin, topic) == {}
 
 
 def test_configs_of_a_missing_topic(module_broker, clients, topic_name):
