@@ -558,14 +558,15 @@ class ReplicaLeader:
         if channel.closed:
             return
         channel.closed = True
-        if channel.live:
+        worked = channel.live
+        if worked:
             self.metrics.replication_channels.labels(channel.partition.tp.topic).dec()
         channel.live = False
         key = (channel.partition.tp, channel.follower)
         if self._channels.get(key) is channel:
             del self._channels[key]
         # A channel that worked is tried again soon; opens that keep failing back off.
-        failed = 0 if channel.live else self._failed_opens.get(key, 0) + 1
+        failed = 0 if worked else self._failed_opens.get(key, 0) + 1
         self._failed_opens[key] = failed
         self._retry_at[key] = self._loop.time() + self.backoff * (
             1 << min(failed, MAX_BACKOFF_SHIFT)
