@@ -41,6 +41,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         CreateTopicsResponse,
         DeleteGroupsRequest,
         DeleteGroupsResponse,
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
         DeleteTopicsRequest,
         DeleteTopicsResponse,
         DescribeClusterRequest,
@@ -109,6 +111,7 @@ class ApiKey(IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
@@ -175,6 +178,7 @@ APIS: dict[int, Api] = {
         ),
         Api(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse, 0, 7),
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
+        Api(ApiKey.DELETE_RECORDS, DeleteRecordsRequest, DeleteRecordsResponse, 0, 2),
         Api(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
         Api(ApiKey.DESCRIBE_CONFIGS, DescribeConfigsRequest, DescribeConfigsResponse, 0, 4),
         Api(ApiKey.ALTER_CONFIGS, AlterConfigsRequest, AlterConfigsResponse, 0, 2),

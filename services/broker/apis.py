@@ -112,6 +112,7 @@ class KafkaApis:
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.DELETE_RECORDS: self.delete_records,
             ApiKey.METADATA: self.metadata,
             ApiKey.FIND_COORDINATOR: self.find_coordinator,
             ApiKey.API_VERSIONS: self.api_versions,
@@ -413,7 +414,12 @@ class KafkaApis:
                     )
                     partition_log = partition.log
                     if replica >= 0:
-                        partition.follower_fetched(replica, wanted.fetch_offset, now)
+                        partition.follower_fetched(
+                            replica,
+                            wanted.fetch_offset,
+                            now,
+                            wanted.log_start_offset if version >= 5 else -1,
+                        )
                         upper = partition_log.log_end_offset
                     else:
                         upper = partition_log.high_watermark
@@ -473,6 +479,44 @@ class KafkaApis:
                     )
                 )
             topics.append(response.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
+        return response(throttle_time_ms=0, topics=topics)
+
+    # DeleteRecords ---------------------------------------------------------------------
+
+    async def delete_records(self, request: Any, header: RequestHeader) -> Response:
+        """Records below each offset go (-1: the high watermark). Each partition answers its
+        low watermark once no replica in its ISR serves a record below the offset, or
+        REQUEST_TIMED_OUT after timeout_ms; the new log starts are checkpointed first."""
+        response = APIS[ApiKey.DELETE_RECORDS].response
+        topic_type = response.DeleteRecordsTopicResult
+        partition_type = topic_type.DeleteRecordsPartitionResult
+        timeout = max(request.timeout_ms, 0) / 1000
+
+        async def delete(topic: str, wanted: Any) -> Any:
+            low, code = -1, ErrorCode.NONE
+            try:
+                if topic == OFFSETS_TOPIC:
+                    raise KafkaError(
+                        ErrorCode.INVALID_TOPIC_EXCEPTION, f"{topic} is internal: not deleted"
+                    )
+                partition = self.replicas.leader_partition(topic, wanted.partition_index)
+                low = await partition.delete_records(wanted.offset, timeout)
+            except Exception as error:
+                code, _ = self._item_error(
+                    error, "delete_records", f"{topic}-{wanted.partition_index}"
+                )
+            return partition_type(
+                partition_index=wanted.partition_index, low_watermark=low, error_code=code
+            )
+
+        answers = [
+            asyncio.gather(*(delete(t.name, p) for p in t.partitions)) for t in request.topics
+        ]
+        topics = [
+            topic_type(name=t.name, partitions=list(await answer))
+            for t, answer in zip(request.topics, answers, strict=True)
+        ]
+        await asyncio.to_thread(self.replicas.logs.checkpoint_log_starts)
         return response(throttle_time_ms=0, topics=topics)
 
     @staticmethod

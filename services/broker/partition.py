@@ -35,6 +35,7 @@ IsrProposal = Callable[["Partition", tuple[int, ...]], None]
 @dataclass(slots=True)
 class FollowerProgress:
     log_end_offset: int = -1  # unknown until its first fetch under this leader
+    log_start_offset: int = -1  # as its latest fetch said; unknown before
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = -1
@@ -60,6 +61,7 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None
         self._leader_epoch_start = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._start_waiters: list[tuple[int, asyncio.Future[None]]] = []  # DeleteRecords
         self._notify = notify
         self._propose_isr = propose_isr
         # Told when a leader has something new for its followers (records, or a higher
@@ -192,33 +194,90 @@ class Partition:
         REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
         if self.replicated(offset):
             return
+        await self._wait(self._waiters, offset, timeout, f"offset {offset} not replicated")
+        self.replicated(offset)
+
+    async def _wait(
+        self,
+        waiters: list[tuple[int, asyncio.Future[None]]],
+        offset: int,
+        timeout: float,
+        what: str,
+    ) -> None:
+        """Until `_wake(waiters, reached)` passes `offset`; REQUEST_TIMED_OUT after `timeout`."""
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append((offset, future))
+        waiters.append((offset, future))
         try:
             await within(future, timeout)
         except TimeoutError:
             raise KafkaError(
-                ErrorCode.REQUEST_TIMED_OUT,
-                f"{self.tp}: offset {offset} not replicated to the ISR in time",
+                ErrorCode.REQUEST_TIMED_OUT, f"{self.tp}: {what} by the ISR in time"
             ) from None
-        self.replicated(offset)
+
+    @staticmethod
+    def _wake(waiters: list[tuple[int, asyncio.Future[None]]], reached: int) -> None:
+        """Answer, in place, the waiters whose offset `reached` passed (the high watermark:
+        strictly; a log start: at or past)."""
+        waiting = []
+        for offset, future in waiters:
+            if offset < reached:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((offset, future))
+        waiters[:] = waiting
 
     def fail_waiters(self, error: KafkaError) -> None:
-        waiters, self._waiters = self._waiters, []
+        waiters = self._waiters + self._start_waiters
+        self._waiters.clear()
+        self._start_waiters.clear()
         for _, future in waiters:
             if not future.done():
                 future.set_exception(error)
 
+    # DeleteRecords -----------------------------------------------------------------------
+
+    def low_watermark(self) -> int:
+        """The lowest log start over the leader and the ISR (with a pending addition): below
+        it no replica that may lead next still serves records. A follower that has not said
+        its log start since this leadership began counts as -1."""
+        low = self.log.log_start_offset
+        for replica in set(self.info.isr) | set(self.pending_isr or ()):
+            if replica != self.local_id:
+                progress = self.followers.get(replica)
+                low = min(low, progress.log_start_offset if progress else -1)
+        return low
+
+    async def delete_records(self, offset: int, timeout: float) -> int:
+        """Kafka's DeleteRecords on the leader: records below `offset` (-1: the high
+        watermark) are gone from this log at once and from the ISR's as their fetches learn
+        the new log start; answers the low watermark once it reached `offset`. Raises
+        OFFSET_OUT_OF_RANGE past the high watermark, REQUEST_TIMED_OUT, or
+        NOT_LEADER_OR_FOLLOWER when leadership moves meanwhile."""
+        if offset == -1:
+            offset = self.log.high_watermark
+        self.log.advance_log_start(offset)
+        if self.low_watermark() < offset:
+            await self._wait(
+                self._start_waiters, offset, timeout, f"log start {offset} not reached"
+            )
+        return self.low_watermark()
+
     # Followers ---------------------------------------------------------------------------
 
-    def follower_fetched(self, replica: int, fetch_offset: int, now_ms: int) -> None:
+    def follower_fetched(
+        self, replica: int, fetch_offset: int, now_ms: int, log_start_offset: int = -1
+    ) -> None:
         """A follower asked for `fetch_offset`, or answered a push with it as its log end:
-        it holds everything before it."""
+        it holds everything before it (and nothing below `log_start_offset`, when a fetch
+        says so; a push reply does not)."""
         progress = self.followers.get(replica)
         if progress is None:
             raise KafkaError(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{self.tp}: broker {replica} is no replica"
             )
+        if log_start_offset >= 0:
+            progress.log_start_offset = log_start_offset
         leader_end = self.log.log_end_offset
         if fetch_offset >= leader_end:
             progress.last_caught_up_ms = now_ms
@@ -272,9 +331,12 @@ class Partition:
 
     def maybe_advance_high_watermark(self) -> bool:
         """Move the high watermark up to what the ISR holds; True if it moved (and waiting
-        fetches and acks=-1 produces were told)."""
+        fetches and acks=-1 produces were told). DeleteRecords waiting for the ISR's log
+        starts are answered here too: a fetch or an ISR change may have moved them."""
         if not self.is_leader:
             return False
+        if self._start_waiters:
+            self._wake(self._start_waiters, self.low_watermark() + 1)
         members = set(self.info.isr) | set(self.pending_isr or ())
         end = self.log.log_end_offset
         for replica in members:
@@ -285,15 +347,7 @@ class Partition:
             high_watermark = self.log.update_high_watermark(end)
             for listener in list(self.log.listeners):
                 listener.high_watermark_moved(self.log)
-            if self._waiters:
-                waiting = []
-                for offset, future in self._waiters:
-                    if offset < high_watermark:
-                        if not future.done():
-                            future.set_result(None)
-                    else:
-                        waiting.append((offset, future))
-                self._waiters = waiting
+            self._wake(self._waiters, high_watermark)
             self._notify()
             return True
         return False

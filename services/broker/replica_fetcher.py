@@ -309,6 +309,10 @@ class ReplicaFetcher:
             if self.pulled is not None:
                 self.pulled(state.partition.tp, whole)
         partition_log.update_high_watermark(min(data.high_watermark, partition_log.log_end_offset))
+        if data.log_start_offset > partition_log.log_start_offset:  # DeleteRecords, retention
+            partition_log.advance_log_start(
+                min(data.log_start_offset, partition_log.high_watermark)
+            )
 
     @property
     def _client_id(self) -> str:

@@ -16,7 +16,7 @@ from directlog.topics import TopicPartition
 from services.broker.cluster_metadata import PartitionInfo
 from services.broker.partition import Partition
 from services.broker.replica_fetcher import FollowState, ReplicaFetcher
-from services.broker.storage import PartitionLog
+from services.broker.storage import OffsetOutOfRangeError, PartitionLog
 from tests.storage.helpers import batch, read_all
 
 TP = TopicPartition("orders", 0)
@@ -85,6 +85,60 @@ def test_acks_all_times_out_with_request_timed_out(leader: Harness) -> None:
         with pytest.raises(KafkaError) as caught:
             await leader.partition.wait_replicated(appended.last_offset, timeout=0.05)
         assert caught.value.code == ErrorCode.REQUEST_TIMED_OUT
+
+    asyncio.run(scenario())
+
+
+def test_delete_records_waits_for_the_isr_log_starts(leader: Harness) -> None:
+    """DeleteRecords is answered once every ISR follower's fetch says its log start reached
+    the offset, or once the ISR loses the one that did not; -1 means the high watermark."""
+
+    async def scenario() -> None:
+        p = leader.partition
+        p.append_as_leader(batch([b"r%d" % i for i in range(10)]), acks=1)
+        for follower in (2, 3):
+            p.follower_fetched(follower, 10, now_ms=5, log_start_offset=0)
+        assert leader.log.high_watermark == 10
+        with pytest.raises(OffsetOutOfRangeError):  # answered as OFFSET_OUT_OF_RANGE
+            await p.delete_records(11, timeout=1)
+        waiting = asyncio.ensure_future(p.delete_records(4, timeout=5))
+        await asyncio.sleep(0)
+        assert leader.log.log_start_offset == 4 and p.low_watermark() == 0
+        p.follower_fetched(2, 10, now_ms=6, log_start_offset=4)
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        p.follower_fetched(3, 10, now_ms=6, log_start_offset=4)
+        assert await asyncio.wait_for(waiting, 1) == 4
+
+        waiting = asyncio.ensure_future(p.delete_records(-1, timeout=5))
+        await asyncio.sleep(0)
+        p.follower_fetched(2, 10, now_ms=7, log_start_offset=10)
+        await asyncio.sleep(0)
+        assert not waiting.done()  # follower 3 is still at 4
+        p.isr_change_settled(PartitionInfo(0, (1, 2, 3), 1, 0, (1, 2), 1))
+        assert await asyncio.wait_for(waiting, 1) == 10
+
+        assert await p.delete_records(10, timeout=0.05) == 10  # already there: at once
+
+    asyncio.run(scenario())
+
+
+def test_delete_records_times_out_or_fails_when_leadership_moves(leader: Harness) -> None:
+    async def scenario() -> None:
+        p = leader.partition
+        p.append_as_leader(batch([b"a", b"b"]), acks=1)
+        for follower in (2, 3):
+            p.follower_fetched(follower, 2, now_ms=5, log_start_offset=0)
+        with pytest.raises(KafkaError) as caught:
+            await p.delete_records(1, timeout=0.05)
+        assert caught.value.code == ErrorCode.REQUEST_TIMED_OUT
+        assert leader.log.log_start_offset == 1  # deleted here, the ISR had not caught up
+        waiting = asyncio.ensure_future(p.delete_records(2, timeout=5))
+        await asyncio.sleep(0)
+        p.become_follower(PartitionInfo(0, (1, 2, 3), 2, 1, (1, 2, 3), 1))
+        with pytest.raises(KafkaError) as caught:
+            await asyncio.wait_for(waiting, 1)
+        assert caught.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     asyncio.run(scenario())
 

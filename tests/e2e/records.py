@@ -1,5 +1,5 @@
-"""Record contents shared by the client tests, and a raw Produce for tests that choose
-every header field themselves."""
+"""Record contents shared by the client tests, and raw requests (a Produce, any other) for
+tests that choose every field themselves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import asyncio
 import random
 import time
 import warnings
+from typing import Any
 
+from directlog.protocol.api import APIS
 from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 
@@ -71,3 +73,18 @@ def produce_raw(bootstrap: str, topic: str, batch: bytes) -> tuple[ErrorCode, in
 
     code, base_offset = asyncio.run(produce())
     return ErrorCode(code), base_offset
+
+
+def raw_request(bootstrap: str, message: Any) -> Any:
+    """One request to one broker, whatever it leads; its decoded answer."""
+
+    async def send() -> Any:
+        host, port = bootstrap.rsplit(":", 1)
+        connection = await KafkaConnection.connect(host, int(port), timeout=10)
+        try:
+            response = APIS[message.API_KEY].response
+            return await asyncio.wait_for(connection.request(message, response, "raw-test"), 30)
+        finally:
+            await connection.close()
+
+    return asyncio.run(send())

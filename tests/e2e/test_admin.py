@@ -21,6 +21,16 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from directlog.protocol.errors import ErrorCode
+from tests.e2e.records import raw_request
+
+with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.admin import ConfigResource as KConfigResource
+    from kafka.protocol.admin import DeleteRecordsRequest
+
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = 15  # seconds, for each admin future
@@ -325,11 +335,6 @@ def test_legacy_alter_configs_replaces_the_overrides(module_broker, clients, top
 
     # kafka-python's admin sends AlterConfigs when told not to use the incremental API, and
     # carries the other overrides over itself.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from kafka import KafkaAdminClient
-        from kafka.admin import ConfigResource as KConfigResource
-
     kadmin = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap)
     try:
         change = KConfigResource("TOPIC", topic, {"retention.ms": "7200000"})
@@ -378,6 +383,86 @@ def test_altered_retention_applies_to_the_log(module_broker, clients, topic_name
     assert earliest() == 10
     (future,) = admin.list_offsets({tp: OffsetSpec.latest()}).values()
     assert future.result(timeout=TIMEOUT).offset == 10
+
+
+# DeleteRecords ------------------------------------------------------------------------
+
+
+def delete_records(admin: Any, topic: str, partition: int, offset: int) -> Future[Any]:
+    (future,) = admin.delete_records(
+        [TopicPartition(topic, partition, offset)], request_timeout=TIMEOUT
+    ).values()
+    return future
+
+
+def test_delete_records(module_broker, clients, topic_name):
+    """Records below the offset are no longer served: consumers from the beginning, offsets
+    by timestamp and the earliest offset all start there; -1 deletes up to the high
+    watermark; past it is OFFSET_OUT_OF_RANGE and deletes nothing."""
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("purge")
+    create(admin, NewTopic(topic, 2))[topic].result(timeout=TIMEOUT)
+    base = int(time.time() * 1000) - 60_000
+    records = [{"value": b"r%d" % i, "partition": i % 2, "timestamp": base + i} for i in range(40)]
+    clients.produce_all(clients.producer(module_broker.bootstrap), topic, records)
+    tp0 = TopicPartition(topic, 0)
+
+    def offsets(spec: OffsetSpec) -> int:
+        (future,) = admin.list_offsets({tp0: spec}).values()
+        return int(future.result(timeout=TIMEOUT).offset)
+
+    assert delete_records(admin, topic, 0, 7).result(timeout=TIMEOUT).low_watermark == 7
+    assert offsets(OffsetSpec.earliest()) == 7 and offsets(OffsetSpec.latest()) == 20
+    assert offsets(OffsetSpec.for_timestamp(base)) == 7  # r0's time, but r0 is gone
+    consumer = clients.consumer(module_broker.bootstrap, {"auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, p, -2) for p in (0, 1)])  # OFFSET_BEGINNING
+    got = clients.consume(consumer, 33)
+    by_partition = {p: [(m.offset(), m.value()) for m in got if m.partition() == p] for p in (0, 1)}
+    assert by_partition[0] == [(o, b"r%d" % (2 * o)) for o in range(7, 20)]
+    assert by_partition[1] == [(o, b"r%d" % (2 * o + 1)) for o in range(20)]
+
+    # Lower than the log start: nothing moves; past the high watermark: refused.
+    assert delete_records(admin, topic, 0, 3).result(timeout=TIMEOUT).low_watermark == 7
+    assert fails_with(delete_records(admin, topic, 0, 21)) == KafkaError.OFFSET_OUT_OF_RANGE
+    assert offsets(OffsetSpec.earliest()) == 7
+    # Sent raw: librdkafka refuses these itself, finding no leader or an internal topic.
+    missing = topic_name("purge-missing")
+    asked = {missing: 1, "__consumer_offsets": 0}
+    request = DeleteRecordsRequest(
+        version=2,
+        topics=[
+            DeleteRecordsRequest.DeleteRecordsTopic(
+                name=name,
+                partitions=[
+                    DeleteRecordsRequest.DeleteRecordsTopic.DeleteRecordsPartition(
+                        partition_index=0, offset=offset
+                    )
+                ],
+            )
+            for name, offset in asked.items()
+        ],
+        timeout_ms=5000,
+    )
+    answer = raw_request(module_broker.bootstrap, request)
+    codes = {t.name: [p.error_code for p in t.partitions] for t in answer.topics}
+    assert codes == {
+        missing: [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION],
+        "__consumer_offsets": [ErrorCode.INVALID_TOPIC_EXCEPTION],
+    }
+
+    # -1: everything up to the high watermark.
+    assert delete_records(admin, topic, 1, -1).result(timeout=TIMEOUT).low_watermark == 20
+    (future,) = admin.list_offsets({TopicPartition(topic, 1): OffsetSpec.earliest()}).values()
+    assert future.result(timeout=TIMEOUT).offset == 20
+
+    # kafka-python's admin client sends the same request.
+    kadmin = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap)
+    try:
+        result = kadmin.delete_records({KTopicPartition(topic, 0): 12})
+    finally:
+        kadmin.close()
+    assert result[KTopicPartition(topic, 0)]["low_watermark"] == 12
+    assert offsets(OffsetSpec.earliest()) == 12
 
 
 # Offsets by timestamp -----------------------------------------------------------------

@@ -10,20 +10,16 @@ consumption must go on from exactly those offsets, nothing lost and nothing read
 
 from __future__ import annotations
 
-import asyncio
 import struct
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from directlog.protocol.api import APIS
-from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import Clients
@@ -35,6 +31,7 @@ from tests.e2e.group_member import (
     first_offsets,
     group_name,
 )
+from tests.e2e.records import raw_request
 
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -59,30 +56,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield running
 
 
-def request(bootstrap: str, message: Any) -> Any:
-    """One raw request to one broker, whatever it leads; its decoded answer."""
-
-    async def send() -> Any:
-        host, port = bootstrap.rsplit(":", 1)
-        connection = await KafkaConnection.connect(host, int(port), timeout=10)
-        try:
-            response = APIS[message.API_KEY].response
-            return await asyncio.wait_for(connection.request(message, response, "failover"), 30)
-        finally:
-            await connection.close()
-
-    return asyncio.run(send())
-
-
 def coordinator(cluster: Cluster, group: str) -> int:
     """FindCoordinator, asked of a running broker; -1 while there is none."""
-    answer = request(cluster.bootstrap.split(",")[0], FindCoordinatorRequest(version=3, key=group))
+    answer = raw_request(
+        cluster.bootstrap.split(",")[0], FindCoordinatorRequest(version=3, key=group)
+    )
     return int(answer.node_id) if answer.error_code == ErrorCode.NONE else -1
 
 
 def group_state(bootstrap: str, group: str) -> str:
     # DescribeGroups v2: the newest without authorized operations.
-    (described,) = request(bootstrap, DescribeGroupsRequest(version=2, groups=[group])).groups
+    (described,) = raw_request(bootstrap, DescribeGroupsRequest(version=2, groups=[group])).groups
     assert described.error_code == ErrorCode.NONE, described
     return str(described.group_state)
 
@@ -146,12 +130,12 @@ def test_coordinator_killed_mid_rebalance_keeps_offsets_and_the_group(
     # Brokers that do not coordinate the group say so.
     for node_id, broker in cluster.brokers.items():
         if node_id != victim:
-            answer = request(broker.bootstrap, OffsetFetchRequest(version=7, group_id=name))
+            answer = raw_request(broker.bootstrap, OffsetFetchRequest(version=7, group_id=name))
             assert answer.error_code == ErrorCode.NOT_COORDINATOR, (node_id, answer)
             beat = HeartbeatRequest(
                 version=4, group_id=name, generation_id=1, member_id="a", group_instance_id=None
             )
-            assert request(broker.bootstrap, beat).error_code == ErrorCode.NOT_COORDINATOR
+            assert raw_request(broker.bootstrap, beat).error_code == ErrorCode.NOT_COORDINATOR
     coordinator_address = cluster.brokers[victim].bootstrap
 
     # c joins; a and b are not polled, so they cannot rejoin and the rebalance stays open.

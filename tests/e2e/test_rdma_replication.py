@@ -236,6 +236,42 @@ def test_leader_killed_the_new_leader_pushes_and_the_old_one_rejoins(
     check_identical(cluster, topic, leader, 900)
 
 
+def test_delete_records_reaches_pushed_followers_and_pushes_resume(
+    cluster: Cluster, clients: Clients, topic_name
+) -> None:
+    """A pushed follower learns a new log start only by a pull fetch: DeleteRecords ends
+    its channel, it pulls, moves its log start (and the answer comes), and is pushed again."""
+    topic = topic_name("purge")
+    leader, followers = create(clients, cluster, topic)
+    produce(clients, cluster, topic, 0, 1500)
+    wait_for(
+        lambda: all(log_end(b, topic) == 1500 for b in cluster.brokers.values()),
+        TIMEOUT,
+        "every replica at the log end",
+    )
+    admin = clients.admin(cluster.bootstrap)
+    (future,) = admin.delete_records(
+        [TopicPartition(topic, 0, 1000)], request_timeout=TIMEOUT, operation_timeout=TIMEOUT
+    ).values()
+    assert future.result(timeout=TIMEOUT).low_watermark == 1000
+    for follower in followers:
+        assert counter(cluster.brokers[follower], PULLED, topic, partition="0") == 0
+    wait_for(
+        lambda: counter(cluster.brokers[leader], CHANNELS, topic) == 2,
+        TIMEOUT,
+        "both followers pushed again",
+    )
+    pushed = counter(cluster.brokers[leader], PUSHED, topic)
+    produce(clients, cluster, topic, 1500, 300)
+    assert counter(cluster.brokers[leader], PUSHED, topic) > pushed
+    consumer = clients.consumer(cluster.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    messages = clients.consume(consumer, 800)
+    assert [m.offset() for m in messages] == list(range(1000, 1800))
+    assert [int(m.value()[2:8]) for m in messages] == list(range(1000, 1800))
+    assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (1000, 1800)
+
+
 @pytest.mark.parametrize("fault", ["corrupt-batch", "order-out-of-sequence"])
 def test_a_bad_push_ends_the_channel_and_leaves_the_follower_log_intact(
     cluster: Cluster, clients: Clients, topic_name, provider: str, fault: str

@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Record, build_batch
 from tests.e2e import netns
+from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.records import produce_raw
 from tests.e2e.replicated import (
@@ -139,6 +141,51 @@ def test_a_partitioned_leader_is_fenced_and_cannot_acknowledge_writes(tmp_path: 
 
 
 SPLIT_BRAIN = b"split-brain"
+
+
+@pytest.mark.timeout(240)
+def test_deleted_records_stay_deleted_when_the_leader_dies(cluster: Cluster) -> None:
+    """DeleteRecords with RF=3 is answered once the ISR moved its log start: a new leader
+    serves nothing below it, and every replica's checkpoint keeps it across restarts."""
+    with Load(cluster.bootstrap) as load:
+        load.wait_acked(300)
+    records = read_back(cluster)[0]
+    cut = records[len(records) // 2][0]
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    (future,) = admin.delete_records(
+        [TopicPartition(TOPIC, 0, cut)], request_timeout=TIMEOUT, operation_timeout=TIMEOUT
+    ).values()
+    assert future.result(timeout=TIMEOUT).low_watermark == cut
+
+    def earliest() -> int:
+        """The leader's log start, asked by a new client (an old one may keep asking a dead
+        leader); -1001 while metadata still names none."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            fresh = AdminClient({"bootstrap.servers": cluster.bootstrap})
+            wanted = {TopicPartition(TOPIC, 0): OffsetSpec.earliest()}
+            (answer,) = fresh.list_offsets(wanted, request_timeout=10).values()
+            offset = int(answer.result(timeout=TIMEOUT).offset)
+            if offset >= 0 or time.monotonic() > deadline:
+                return offset
+            time.sleep(0.2)
+
+    def checkpointed(broker: BrokerProcess) -> int:
+        lines = (broker.data_dir / "log-start-offset-checkpoint").read_text().splitlines()
+        return next(int(line.split()[2]) for line in lines if line.startswith(f"{TOPIC} 0 "))
+
+    victim = leader_of(cluster, 0)
+    cluster.brokers[victim].kill()
+    wait_for_new_leader(cluster, victim)
+    assert earliest() == cut
+    cluster.brokers[victim].start()
+    after = read_back(cluster)[0]
+    assert after == [r for r in records if r[0] >= cut]
+    wait_for(
+        lambda: all(checkpointed(b) == cut for b in cluster.brokers.values()),
+        TIMEOUT,
+        "every replica's log start checkpoint",
+    )
 
 
 def wait_for_new_leader(cluster: Cluster, old: int, partition: int = 0) -> None:

@@ -397,6 +397,36 @@ def test_retention_by_size(open_log):
     assert read_all(log, log.log_start_offset)[-1].offset == 19
 
 
+def test_advancing_the_log_start_hides_records_and_deletes_segments_below_it(open_log, clock):
+    log = open_log(LogConfig(segment_bytes=600))
+    for i in range(12):
+        log.append(batch([b"%02d" % i + b"v" * 100], ts=clock.now + 10 * i))
+    segments_before = log.segments
+    assert len(segments_before) >= 3
+    with pytest.raises(OffsetOutOfRangeError):
+        log.advance_log_start(1)  # nothing is committed yet: the high watermark is 0
+    log.update_high_watermark(10)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.advance_log_start(11)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.advance_log_start(-2)
+
+    cut = segments_before[2].base_offset + 1  # inside the third segment
+    assert log.advance_log_start(cut) is True
+    assert log.log_start_offset == cut
+    assert log.segments == segments_before[2:]
+    assert not segments_before[0].log.path.exists() and not segments_before[1].log.path.exists()
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(cut - 1, 1000)
+    assert [r.offset for r in read_all(log, cut)] == list(range(cut, 12))
+    # A timestamp lookup answers from the log start on, not with a hidden record.
+    assert log.offset_for_timestamp(0) == (cut, clock.now + 10 * cut)
+    assert log.advance_log_start(cut - 1) is False and log.log_start_offset == cut
+    # Up to the high watermark, which may be the head segment's base: the head stays.
+    assert log.advance_log_start(10) is True
+    assert log.segments[-1] is segments_before[-1] and log.log_start_offset == 10
+
+
 def test_truncate_to_removes_whole_batches_and_later_segments(open_log, tmp_path):
     log = open_log(LogConfig(segment_bytes=700, index_interval_bytes=100))
     for i in range(30):

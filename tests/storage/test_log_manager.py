@@ -4,6 +4,7 @@ directory lock, and the periodic duties (flush.ms, retention)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -47,6 +48,25 @@ def test_close_writes_checkpoints_and_marks_a_clean_shutdown(tmp_path, clock):
     log = reopened.get(ORDERS)
     assert (log.log_end_offset, log.high_watermark, log.recovery_point) == (6, 4, 6)
     assert [r.value for r in read_all(log)][::2] == [b"o0", b"o1", b"o2"]
+    reopened.close()
+
+
+def test_a_moved_log_start_is_checkpointed_and_kept_across_a_crash(tmp_path, clock):
+    manager = LogManager.open(tmp_path, clock=clock)
+    orders = manager.create(ORDERS)
+    for i in range(5):
+        orders.append(batch([b"o%d" % i]))
+    orders.update_high_watermark(5)
+    orders.flush()
+    orders.advance_log_start(3)
+    manager.checkpoint_log_starts()
+    assert (tmp_path / LOG_START_CHECKPOINT).read_text() == "0\n1\norders 0 3\n"
+    # No close: the next open recovers, and still serves nothing below offset 3.
+    os.close(manager._lock_fd)  # the crash: the directory lock goes with the process
+    reopened = LogManager.open(tmp_path, clock=clock)
+    log = reopened.get(ORDERS)
+    assert (log.log_start_offset, log.log_end_offset) == (3, 5)
+    assert [r.value for r in read_all(log, 3)] == [b"o3", b"o4"]
     reopened.close()
 
 

@@ -223,6 +223,8 @@ class ReplicaLeader:
                 self._fail(channel, "leadership moved")
             elif (oldest := channel.credits.oldest()) is not None and now - oldest > timeout:
                 self._fail(channel, "a push went unanswered")
+            elif self._behind_log_start(channel.partition, channel.follower):
+                self._fail(channel, "the log start moved; the follower pulls it", quiet=True)
             elif channel.live and now - channel.last_post >= idle:
                 channel.sent_high_watermark = -1  # a heartbeat: the high watermark again
                 self._schedule(channel)
@@ -252,10 +254,13 @@ class ReplicaLeader:
     @staticmethod
     def _behind_log_start(partition: Partition, follower: int) -> bool:
         """A follower whose last known log end is below our log start must restart its log
-        there, which only a pull fetch does: no grant is asked for meanwhile."""
+        there, and one whose log start (as its latest fetch said) is below ours must move
+        it (DeleteRecords, retention): only a pull fetch does either, so meanwhile no grant
+        is asked for and an open channel ends."""
         progress = partition.followers.get(follower)
-        return (
-            progress is not None and 0 <= progress.log_end_offset < partition.log.log_start_offset
+        start = partition.log.log_start_offset
+        return progress is not None and (
+            0 <= progress.log_end_offset < start or progress.log_start_offset < start
         )
 
     def wake(self, partition: Partition) -> None:

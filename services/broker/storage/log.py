@@ -742,13 +742,15 @@ class PartitionLog:
     def offset_for_timestamp(
         self, timestamp: int, *, upper_offset: int | None = None
     ) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record whose timestamp is >= `timestamp`."""
+        """(offset, timestamp) of the first record from the log start on whose timestamp is
+        >= `timestamp`."""
         upper = self.log_end_offset if upper_offset is None else upper_offset
+        start = self.log_start_offset
         for segment in self.segments:
             if segment.base_offset >= upper:
                 break
             if segment.max_timestamp != NO_TIMESTAMP and segment.max_timestamp >= timestamp:
-                found = segment.find_timestamp(timestamp, upper)
+                found = segment.find_timestamp(timestamp, upper, start)
                 if found is not None:
                     return found
         return None
@@ -858,17 +860,39 @@ class PartitionLog:
                 return 0
             if doomed == len(self._segments):
                 self.roll()
-            self._removing(self._segments[:doomed])
-            for segment in self._segments[:doomed]:
-                segment.delete()
-            del self._segments[:doomed]
-            del self._bases[:doomed]
-            self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
-            self.recovery_point = max(self.recovery_point, self.log_start_offset)
-            self.leader_epochs.truncate_from_start(self.log_start_offset)
-            self.producers.drop_before(self.log_start_offset)
-            self._producer_snapshots.delete_below(self.log_start_offset)
+            self._delete_first(doomed)
+            self._start_at(max(self.log_start_offset, self._segments[0].base_offset))
             return doomed
+
+    def advance_log_start(self, offset: int) -> bool:
+        """DeleteRecords: records below `offset` are no longer served, and the segments wholly
+        below it are deleted (the head segment stays). `offset` may not pass the high
+        watermark (OffsetOutOfRangeError). Returns whether the log start moved."""
+        with self._lock:
+            if not 0 <= offset <= self.high_watermark:
+                raise OffsetOutOfRangeError(offset, self.log_start_offset, self.high_watermark)
+            if offset <= self.log_start_offset:
+                return False
+            self._delete_first(bisect_right(self._bases, offset, lo=1) - 1)  # wholly below
+            self._start_at(offset)
+            return True
+
+    def _delete_first(self, count: int) -> None:
+        if count <= 0:
+            return
+        self._removing(self._segments[:count])
+        for segment in self._segments[:count]:
+            segment.delete()
+        del self._segments[:count]
+        del self._bases[:count]
+
+    def _start_at(self, offset: int) -> None:
+        """The log start moved up to `offset`: what described records below it goes."""
+        self.log_start_offset = offset
+        self.recovery_point = max(self.recovery_point, offset)
+        self.leader_epochs.truncate_from_start(offset)
+        self.producers.drop_before(offset)
+        self._producer_snapshots.delete_below(offset)
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch holding offsets >= offset, as a follower does when it diverged

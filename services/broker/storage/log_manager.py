@@ -194,8 +194,13 @@ class LogManager:
         """Apply retention.ms and retention.bytes to every log; returns segments deleted."""
         deleted = sum(p.delete_retained_segments() for p in list(self.logs.values()))
         if deleted:
-            self._log_starts.write({tp: p.log_start_offset for tp, p in self.logs.items()})
+            self.checkpoint_log_starts()
         return deleted
+
+    def checkpoint_log_starts(self) -> None:
+        """Write every log's start offset: after retention, or once DeleteRecords moved one
+        (a restart must not serve deleted records again)."""
+        self._log_starts.write({tp: p.log_start_offset for tp, p in list(self.logs.items())})
 
     def expire_producers(self) -> int:
         """Forget idempotent producers unseen for producer.id.expiration.ms; returns how many."""

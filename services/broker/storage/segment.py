@@ -234,9 +234,13 @@ class LogSegment:
             end, next_offset = position + header.size, header.next_offset
         return end, next_offset
 
-    def find_timestamp(self, timestamp: int, upper_offset: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after `timestamp` below upper_offset."""
-        found = self.locate(self.time_index.lookup(timestamp) or self.base_offset)
+    def find_timestamp(
+        self, timestamp: int, upper_offset: int, lower_offset: int = 0
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after `timestamp` with an offset in
+        [lower_offset, upper_offset)."""
+        indexed = self.time_index.lookup(timestamp) or self.base_offset
+        found = self.locate(max(indexed, lower_offset))
         if found is None:
             return None
         for position, header in self.headers_from(found[0]):
@@ -245,7 +249,10 @@ class LogSegment:
             if header.max_timestamp >= timestamp:
                 data = self.log.read(position, header.size)
                 for record in decode_records(data, 0, header, MAX_DECOMPRESSED):
-                    if record.timestamp >= timestamp and record.offset < upper_offset:
+                    if (
+                        record.timestamp >= timestamp
+                        and lower_offset <= record.offset < upper_offset
+                    ):
                         return record.offset, record.timestamp
         return None
 
