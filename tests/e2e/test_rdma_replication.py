@@ -103,6 +103,20 @@ def produce(clients: Clients, cluster: Cluster, topic: str, first: int, count: i
     assert [e for e, _ in reports if e is not None] == []
 
 
+def produce_pushed_to_both(
+    clients: Clients, cluster: Cluster, topic: str, leader: int, first: int, count: int
+) -> None:
+    """Once `leader` has push channels to both followers, produce; they are pushed."""
+    wait_for(
+        lambda: counter(cluster.brokers[leader], CHANNELS, topic) == 2,
+        TIMEOUT,
+        "the leader pushing to both followers",
+    )
+    pushed = counter(cluster.brokers[leader], PUSHED, topic)
+    produce(clients, cluster, topic, first, count)
+    assert counter(cluster.brokers[leader], PUSHED, topic) > pushed
+
+
 def read_all(clients: Clients, cluster: Cluster, topic: str, count: int) -> list[int]:
     consumer = clients.consumer(cluster.bootstrap)
     clients.assign_from(consumer, topic, [0])
@@ -224,14 +238,7 @@ def test_leader_killed_the_new_leader_pushes_and_the_old_one_rejoins(
     produce(clients, cluster, topic, 300, 300)
     cluster.brokers[old].start()
     wait_for(lambda: in_sync(cluster, topic), TIMEOUT, "the old leader back in the ISR")
-    wait_for(
-        lambda: counter(cluster.brokers[leader], CHANNELS, topic) == 2,
-        TIMEOUT,
-        "the new leader pushing to both followers",
-    )
-    pushed = counter(cluster.brokers[leader], PUSHED, topic)
-    produce(clients, cluster, topic, 600, 300)
-    assert counter(cluster.brokers[leader], PUSHED, topic) > pushed
+    produce_pushed_to_both(clients, cluster, topic, leader, 600, 300)
     assert read_all(clients, cluster, topic, 900) == list(range(900))
     check_identical(cluster, topic, leader, 900)
 
@@ -256,14 +263,7 @@ def test_delete_records_reaches_pushed_followers_and_pushes_resume(
     assert future.result(timeout=TIMEOUT).low_watermark == 1000
     for follower in followers:
         assert counter(cluster.brokers[follower], PULLED, topic, partition="0") == 0
-    wait_for(
-        lambda: counter(cluster.brokers[leader], CHANNELS, topic) == 2,
-        TIMEOUT,
-        "both followers pushed again",
-    )
-    pushed = counter(cluster.brokers[leader], PUSHED, topic)
-    produce(clients, cluster, topic, 1500, 300)
-    assert counter(cluster.brokers[leader], PUSHED, topic) > pushed
+    produce_pushed_to_both(clients, cluster, topic, leader, 1500, 300)
     consumer = clients.consumer(cluster.bootstrap)
     clients.assign_from(consumer, topic, [0])
     messages = clients.consume(consumer, 800)
