@@ -254,9 +254,9 @@ class ReplicaLeader:
     @staticmethod
     def _behind_log_start(partition: Partition, follower: int) -> bool:
         """A follower whose last known log end is below our log start must restart its log
-        there, and one whose log start (as its latest fetch said) is below ours must move
-        it (DeleteRecords, retention): only a pull fetch does either, so meanwhile no grant
-        is asked for and an open channel ends."""
+        there, and one whose log start (as its latest fetch said; -1 before its first fetch
+        under this leadership) is below ours must move it (DeleteRecords, retention): only a
+        pull fetch does either, so meanwhile no grant is asked for and an open channel ends."""
         progress = partition.followers.get(follower)
         start = partition.log.log_start_offset
         return progress is not None and (
