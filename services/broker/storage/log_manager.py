@@ -70,6 +70,7 @@ class LogManager:
         self._recovery_points = OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT)
         self._log_starts = OffsetCheckpointFile(log_dir / LOG_START_CHECKPOINT)
         self._high_watermarks = OffsetCheckpointFile(log_dir / HIGH_WATERMARK_CHECKPOINT)
+        self._checkpointing = threading.Lock()
         # One compaction pass at a time; close() and delete() stop it and wait for it, so a
         # pass never reads a closed descriptor or writes into a deleted directory.
         self._cleaning = threading.Lock()
@@ -178,16 +179,24 @@ class LogManager:
             self.checkpoint()
 
     def checkpoint(self) -> None:
-        logs = list(self.logs.items())
-        self._recovery_points.write({tp: p.recovery_point for tp, p in logs})
-        self._log_starts.write({tp: p.log_start_offset for tp, p in logs})
-        self._high_watermarks.write({tp: p.high_watermark for tp, p in logs})
+        self._write(self._recovery_points, lambda p: p.recovery_point)
+        self._write(self._log_starts, lambda p: p.log_start_offset)
+        self._write(self._high_watermarks, lambda p: p.high_watermark)
+
+    def _write(
+        self, checkpoint: OffsetCheckpointFile, offset_of: Callable[[PartitionLog], int]
+    ) -> None:
+        """Every log's offset, read and written under one lock: housekeeping's fsync thread
+        and a DeleteRecords may write a checkpoint at once, and must neither share its
+        temporary file nor let the older reading land last."""
+        with self._checkpointing:
+            checkpoint.write({tp: offset_of(p) for tp, p in list(self.logs.items())})
 
     def flush_due(self) -> int:
         """Flush every log whose flush.ms has passed; returns how many were flushed."""
         flushed = sum(1 for p in list(self.logs.values()) if p.flush_if_due())
         if flushed:
-            self._recovery_points.write({tp: p.recovery_point for tp, p in self.logs.items()})
+            self._write(self._recovery_points, lambda p: p.recovery_point)
         return flushed
 
     def enforce_retention(self) -> int:
@@ -200,7 +209,7 @@ class LogManager:
     def checkpoint_log_starts(self) -> None:
         """Write every log's start offset: after retention, or once DeleteRecords moved one
         (a restart must not serve deleted records again)."""
-        self._log_starts.write({tp: p.log_start_offset for tp, p in list(self.logs.items())})
+        self._write(self._log_starts, lambda p: p.log_start_offset)
 
     def expire_producers(self) -> int:
         """Forget idempotent producers unseen for producer.id.expiration.ms; returns how many."""
