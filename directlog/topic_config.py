@@ -23,6 +23,7 @@ class InvalidConfigError(ValueError):
 
 LONG_MAX = (1 << 63) - 1
 DAY_MS = 24 * 60 * 60 * 1000
+FOLLOW_RETENTION = -2  # local.retention.*: the value of retention.*
 
 CLEANUP_POLICIES = ("compact", "delete")
 
@@ -54,6 +55,14 @@ class LogConfig:
     delete_retention_ms: int = DAY_MS  # how long a tombstone outlives its key's last value
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
+    # Tiered storage (KIP-405, docs/tiering.md): closed segments are copied to the remote
+    # store, and local segments go once copied and past the local retention (-2: follow
+    # retention.ms / retention.bytes).
+    remote_storage_enable: bool = False
+    local_retention_ms: int = FOLLOW_RETENTION
+    local_retention_bytes: int = FOLLOW_RETENTION
+    remote_log_copy_disable: bool = False  # keep what is remote, copy nothing more
+    remote_log_delete_on_disable: bool = False  # remote.storage.enable=false deletes it
 
     @property
     def compact(self) -> bool:
@@ -64,6 +73,20 @@ class LogConfig:
     def delete_by_retention(self) -> bool:
         """Whether retention.ms and retention.bytes delete old segments."""
         return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        """How long local segments stay once copied (-1: kept)."""
+        if self.local_retention_ms == FOLLOW_RETENTION:
+            return self.retention_ms
+        return self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        """How many bytes of copied segments a replica keeps locally (-1: no limit)."""
+        if self.local_retention_bytes == FOLLOW_RETENTION:
+            return self.retention_bytes
+        return self.local_retention_bytes
 
     @classmethod
     def from_properties(
@@ -86,12 +109,34 @@ class LogConfig:
                 raise InvalidConfigError(f"{name}: {value} is above the maximum {maximum}")
             changes[field_name] = value
         config = dataclasses.replace(base or cls(), **changes)
-        if config.min_compaction_lag_ms > config.max_compaction_lag_ms:
-            raise InvalidConfigError(
-                f"min.compaction.lag.ms {config.min_compaction_lag_ms} is above "
-                f"max.compaction.lag.ms {config.max_compaction_lag_ms}"
-            )
+        config._check_combination()
         return config
+
+    def _check_combination(self) -> None:
+        """The rules between settings Kafka's LogConfig.validate applies."""
+        if self.min_compaction_lag_ms > self.max_compaction_lag_ms:
+            raise InvalidConfigError(
+                f"min.compaction.lag.ms {self.min_compaction_lag_ms} is above "
+                f"max.compaction.lag.ms {self.max_compaction_lag_ms}"
+            )
+        if not self.remote_storage_enable:
+            return
+        if self.compact:
+            raise InvalidConfigError("remote log storage is unsupported for compacted topics")
+        for local, total, name in (
+            (self.local_retention_ms, self.retention_ms, "ms"),
+            (self.local_retention_bytes, self.retention_bytes, "bytes"),
+        ):
+            if total == -1 or local == FOLLOW_RETENTION:
+                continue
+            if local == -1:
+                raise InvalidConfigError(
+                    f"local.retention.{name} may not be -1 while retention.{name} is {total}"
+                )
+            if local > total:
+                raise InvalidConfigError(
+                    f"local.retention.{name} {local} is above retention.{name} {total}"
+                )
 
     def to_properties(self) -> dict[str, str]:
         """Every setting under its Kafka name, as DescribeConfigs reports it."""
@@ -156,4 +201,9 @@ _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
     "delete.retention.ms": ("delete_retention_ms", int, 0, None),
     "min.compaction.lag.ms": ("min_compaction_lag_ms", int, 0, None),
     "max.compaction.lag.ms": ("max_compaction_lag_ms", int, 1, None),
+    "remote.storage.enable": ("remote_storage_enable", _parse_bool, None, None),
+    "local.retention.ms": ("local_retention_ms", int, FOLLOW_RETENTION, None),
+    "local.retention.bytes": ("local_retention_bytes", int, FOLLOW_RETENTION, None),
+    "remote.log.copy.disable": ("remote_log_copy_disable", _parse_bool, None, None),
+    "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _parse_bool, None, None),
 }

@@ -113,3 +113,55 @@ def test_compaction_settings_round_trip_through_properties():
 def test_bad_compaction_settings_are_refused(properties, problem):
     with pytest.raises(InvalidConfigError, match=problem):
         LogConfig.from_properties(properties)
+
+
+def test_tiered_storage_settings_and_their_defaults():
+    config = LogConfig.from_properties(
+        {"remote.storage.enable": "true", "retention.ms": "86400000", "retention.bytes": "-1"}
+    )
+    assert config.remote_storage_enable and not config.remote_log_copy_disable
+    assert config.local_retention_ms == config.local_retention_bytes == -2
+    # -2 follows retention.*
+    assert config.effective_local_retention_ms == 86_400_000
+    assert config.effective_local_retention_bytes == -1
+    config = LogConfig.from_properties(
+        {
+            "remote.storage.enable": "true",
+            "local.retention.ms": "1000",
+            "local.retention.bytes": "0",
+        }
+    )
+    assert (config.effective_local_retention_ms, config.effective_local_retention_bytes) == (
+        1000,
+        0,
+    )
+    assert LogConfig.from_properties(config.to_properties()) == config
+
+
+@pytest.mark.parametrize(
+    ("properties", "problem"),
+    [
+        ({"cleanup.policy": "compact"}, "compacted"),
+        ({"cleanup.policy": "compact,delete"}, "compacted"),
+        (
+            {"retention.ms": "1000", "local.retention.ms": "2000"},
+            "local.retention.ms 2000 is above",
+        ),
+        ({"retention.ms": "1000", "local.retention.ms": "-1"}, "may not be -1"),
+        ({"retention.bytes": "10", "local.retention.bytes": "11"}, "local.retention.bytes 11"),
+        ({"retention.bytes": "10", "local.retention.bytes": "-1"}, "may not be -1"),
+        ({"local.retention.ms": "-3"}, "below the minimum"),
+    ],
+)
+def test_tiered_storage_combinations_kafka_refuses(properties, problem):
+    with pytest.raises(InvalidConfigError, match=problem):
+        LogConfig.from_properties({"remote.storage.enable": "true", **properties})
+
+
+def test_the_combination_rules_hold_only_for_tiered_topics():
+    plain = LogConfig.from_properties(
+        {"cleanup.policy": "compact", "retention.ms": "1000", "local.retention.ms": "5000"}
+    )
+    assert plain.compact and not plain.remote_storage_enable
+    # Unlimited total retention allows any local retention.
+    LogConfig.from_properties({"remote.storage.enable": "true", "local.retention.ms": "5000"})

@@ -11,6 +11,11 @@ Broker liveness lives only here, in memory (``heartbeat``, ``fence_expired`` and
 starts with every registered broker alive for one session timeout, and none shutting down.
 Only a broker heard from since then (a heartbeat or a registration) is handed a leadership
 that is not forced (``elect_preferred``): the others may be dead and not yet fenced.
+
+Remote log metadata (KIP-405) is cached in part: which topics have records is loaded with
+the image, a partition's records only when a request first needs them (the caller reads
+them from the store and hands them to ``remote_loaded``). From then on this controller's own
+commits keep them current: it is the only writer while its term lasts.
 """
 
 from __future__ import annotations
@@ -31,12 +36,34 @@ from services.controller.model import (
     BrokerRegistration,
     Listener,
     PartitionState,
+    RemotePartition,
+    RemoteSegment,
+    RemoteSegmentState,
+    RemoteTopic,
     Topic,
 )
 
 MAX_PARTITIONS = 10_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's: a broker asks again after this many InitProducerIds
 DEFAULT = -1  # partitions / replication factor: the controller's default
+STORE_OPS_LIMIT = 500  # ops per transaction when a change is split into several
+NO_RECORDS = RemotePartition()
+
+# The moves a remote log record may make (UpdateRemoteLogSegment); DELETE_FINISHED removes it.
+REMOTE_MOVES: Mapping[RemoteSegmentState, frozenset[RemoteSegmentState]] = {
+    RemoteSegmentState.COPY_STARTED: frozenset(
+        {RemoteSegmentState.COPY_FINISHED, RemoteSegmentState.DELETE_STARTED}
+    ),
+    RemoteSegmentState.COPY_FINISHED: frozenset({RemoteSegmentState.DELETE_STARTED}),
+    RemoteSegmentState.DELETE_STARTED: frozenset({RemoteSegmentState.DELETE_FINISHED}),
+    RemoteSegmentState.DELETE_FINISHED: frozenset(),
+}
+KIP_950_MESSAGE = (
+    "It is invalid to disable remote storage without deleting remote data. If you want to "
+    "keep the remote data and turn to read only, set remote.log.copy.disable=true. If you "
+    "want to disable remote storage and delete all remote data, set "
+    "remote.storage.enable=false and remote.log.delete.on.disable=true"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +89,14 @@ class Change:
     unclean_elections: int = 0  # of which from outside the ISR
     preferred_elections: int = 0  # of which back to the preferred replica (rebalance)
     isr_changes: int = 0
+    # Remote log metadata, no part of the brokers' image. A topic None: its subtree is gone.
+    remote_topics: Mapping[bytes, RemoteTopic | None] = field(default_factory=dict)
+    remote_partitions: Mapping[tuple[bytes, int], RemotePartition] = field(default_factory=dict)
 
     @property
     def touches_image(self) -> bool:
-        """Whether the brokers' image changes: the producer id counter is no part of it, so
-        an allocation needs no metadata update."""
+        """Whether the brokers' image changes: the producer id counter and the remote log
+        metadata are no part of it, so changing them needs no metadata update."""
         return bool(
             self.brokers or self.topics or self.delta.topics or self.delta.deleted_topic_ids
         )
@@ -112,6 +142,7 @@ class Image:
     topics: Mapping[bytes, Topic]
     last_broker_epoch: int
     next_producer_id: int
+    remote_topics: Mapping[bytes, RemoteTopic] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -132,6 +163,9 @@ class ClusterState:
         self.topic_ids = {topic.name: topic_id for topic_id, topic in self.topics.items()}
         self.last_broker_epoch = image.last_broker_epoch
         self.next_producer_id = image.next_producer_id
+        self.remote_topics = dict(image.remote_topics)
+        # The records of the partitions loaded so far, by topic id then partition.
+        self.remote_partitions: dict[bytes, dict[int, RemotePartition]] = {}
         self.paths = paths
         self.session_timeout = session_timeout
         self.default_partitions = default_partitions
@@ -525,7 +559,8 @@ class ClusterState:
     def _new_topic_id(self) -> bytes:
         while True:  # 122 random bits: a second round is all but impossible
             topic_id = uuid.UUID(bytes=self.rng.randbytes(16), version=4).bytes
-            if topic_id not in self.topics:
+            # A deleted topic's id stays in use until its remote records are gone.
+            if topic_id not in self.topics and topic_id not in self.remote_topics:
                 return topic_id
 
     def find_topic(self, name: str = "", topic_id: bytes = b"") -> Topic:
@@ -541,6 +576,8 @@ class ClusterState:
         return self.topics[known]
 
     def delete_topic(self, name: str = "", topic_id: bytes = b"") -> Change:
+        """Its remote log records, if any, stay, marked deleted, until a tiering service has
+        deleted its remote objects (``finish_remote_deletion``)."""
         topic = self.find_topic(name, topic_id)
         ops: list[StoreOp] = [
             Delete(self.paths.partition(topic.topic_id, index), version=state.partition_epoch - 1)
@@ -548,7 +585,16 @@ class ClusterState:
             if state.partition_epoch > 0
         ]
         ops.append(Delete(self.paths.topic(topic.topic_id)))
-        return Change(tuple(ops), Delta(deleted_topic_ids=(topic.topic_id,)))
+        remote_topics: dict[bytes, RemoteTopic | None] = {}
+        if topic.topic_id in self.remote_topics:
+            marked = RemoteTopic(topic.name, deleted=True)
+            ops.append(
+                SetData(self.paths.remote_topic(topic.topic_id), layout.encode_remote_topic(marked))
+            )
+            remote_topics[topic.topic_id] = marked
+        return Change(
+            tuple(ops), Delta(deleted_topic_ids=(topic.topic_id,)), remote_topics=remote_topics
+        )
 
     def create_partitions(self, name: str, count: int) -> Change:
         topic = self.find_topic(name)
@@ -612,7 +658,14 @@ class ClusterState:
             )
         configs = {} if replace_all else {k: v for k, v in topic.configs.items() if k not in delete}
         configs.update(set_configs)
-        _validate_configs(configs)
+        config = _validate_configs(configs)
+        if (
+            _remote_storage_enabled(topic.configs)
+            and not config.remote_storage_enable
+            and not config.remote_log_delete_on_disable
+        ):
+            # Kafka 3.9 (KIP-950): remote data is never left behind without a decision.
+            raise KafkaError(ErrorCode.INVALID_CONFIG, KIP_950_MESSAGE)
         if configs == topic.configs:
             return Change(())
         data = layout.encode_topic(name, configs, [p.replicas for p in topic.partitions])
@@ -647,6 +700,210 @@ class ClusterState:
         op = SetData(self.paths.producer_ids, layout.encode_next_producer_id(block.end))
         return block, Change((op,), next_producer_id=block.end)
 
+    # Remote log metadata (KIP-405) ------------------------------------------------------
+
+    def remote_unloaded(self, keys: Iterable[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+        """The partitions among ``keys`` (topic id, partition) whose records must be read
+        from the store before ``remote_partition`` can answer: those of a live topic that has
+        records and not loaded yet. The others need no read (no topic, no such partition, or
+        a topic without records)."""
+        unloaded = set()
+        for topic_id, index in keys:
+            topic = self.topics.get(topic_id)
+            if (
+                topic is not None
+                and 0 <= index < len(topic.partitions)
+                and topic_id in self.remote_topics
+                and index not in self.remote_partitions.get(topic_id, {})
+            ):
+                unloaded.add((topic_id, index))
+        return sorted(unloaded)
+
+    def remote_loaded(self, topic_id: bytes, index: int, records: RemotePartition) -> None:
+        """Records read from the store by a caller that holds the write lock (no commit
+        could change them meanwhile)."""
+        assert topic_id in self.topics and topic_id in self.remote_topics, topic_id.hex()
+        self.remote_partitions.setdefault(topic_id, {})[index] = records
+
+    def remote_partition(self, topic_id: bytes, index: int) -> RemotePartition:
+        """The records of a partition of a live topic; raises UNKNOWN_TOPIC_ID (also for a
+        deleted topic) or UNKNOWN_TOPIC_OR_PARTITION. ``remote_unloaded`` says which must be
+        loaded first."""
+        topic = self.topics.get(topic_id)
+        if topic is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID, "no topic has this id")
+        if not 0 <= index < len(topic.partitions):
+            raise KafkaError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic.name!r} has no partition {index}",
+            )
+        if topic_id not in self.remote_topics:
+            return NO_RECORDS
+        return self.remote_partitions[topic_id][index]
+
+    def update_remote_segment(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        topic_id: bytes,
+        index: int,
+        leader_epoch: int,
+        segment: RemoteSegment,
+        now_ms: int,
+    ) -> tuple[RemotePartition, Change]:
+        """Record a new copy (COPY_STARTED) or move a record on (``REMOTE_MOVES``), for the
+        partition's leader in its current leader epoch only: a deposed leader's late copy
+        must never become visible. Returns the partition's records after the change; the
+        current state repeated, or DELETE_FINISHED of a record already removed (a retry),
+        changes nothing. Raises STALE_BROKER_EPOCH,
+        BROKER_ID_NOT_REGISTERED, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION,
+        NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, or
+        INVALID_REQUEST for a record or a move the rules refuse."""
+        error = self.broker_error(broker_id, broker_epoch)
+        if error is not ErrorCode.NONE:
+            raise KafkaError(
+                error, f"broker {broker_id} epoch {broker_epoch}: {error.name}, register again"
+            )
+        current = self.remote_partition(topic_id, index)
+        state = self.topics[topic_id].partitions[index]
+        if state.leader != broker_id:
+            raise KafkaError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"broker {broker_id} does not lead partition {index} (leader {state.leader})",
+            )
+        if leader_epoch != state.leader_epoch:
+            raise KafkaError(
+                ErrorCode.FENCED_LEADER_EPOCH
+                if leader_epoch < state.leader_epoch
+                else ErrorCode.UNKNOWN_LEADER_EPOCH,
+                f"leader epoch {leader_epoch}, the partition's is {state.leader_epoch}",
+            )
+        if len(segment.segment_id) != 16:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"a segment id is 16 bytes, not {len(segment.segment_id)}",
+            )
+        old = current.segments.get(segment.segment_id)
+        if (old is not None and old.state is segment.state) or (
+            old is None and segment.state is RemoteSegmentState.DELETE_FINISHED
+        ):
+            return current, Change(())  # a retry: done already (or removed already)
+        next_offset = current.next_offset
+        if old is None:
+            new = replace(
+                segment, leader_epoch=leader_epoch, broker_id=broker_id, event_time_ms=now_ms
+            )
+            _check_new_segment(new, next_offset)
+        elif segment.state not in REMOTE_MOVES[old.state]:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"segment {layout.uuid_text(old.segment_id)} is {old.state.name}: it cannot "
+                f"move to {segment.state.name}",
+            )
+        elif segment.state is RemoteSegmentState.COPY_FINISHED:
+            if old.start_offset < next_offset:
+                raise KafkaError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"start offset {old.start_offset} is below the next offset {next_offset}: "
+                    "a finished copy holds it already",
+                )
+            if segment.size_bytes < 0:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"size {segment.size_bytes} < 0")
+            new = replace(
+                old,
+                state=segment.state,
+                max_timestamp=segment.max_timestamp,
+                size_bytes=segment.size_bytes,
+                epochs=segment.epochs,
+                event_time_ms=now_ms,
+            )
+            next_offset = old.end_offset + 1
+        else:
+            new = replace(old, state=segment.state, event_time_ms=now_ms)
+        return self._remote_change(topic_id, index, current, old, new, next_offset)
+
+    def _remote_change(
+        self,
+        topic_id: bytes,
+        index: int,
+        current: RemotePartition,
+        old: RemoteSegment | None,
+        new: RemoteSegment,
+        next_offset: int,
+    ) -> tuple[RemotePartition, Change]:
+        """One record created, changed or removed (DELETE_FINISHED), with the partition
+        znode's version bumped in the same transaction, checked like a partition state's."""
+        segments = dict(current.segments)
+        if new.state is RemoteSegmentState.DELETE_FINISHED:
+            del segments[new.segment_id]
+        else:
+            segments[new.segment_id] = new
+        records = RemotePartition(current.version + 1, next_offset, segments)
+        ops: list[StoreOp] = []
+        remote_topics: dict[bytes, RemoteTopic | None] = {}
+        if topic_id not in self.remote_topics:
+            remote = remote_topics[topic_id] = RemoteTopic(self.topics[topic_id].name)
+            ops.append(
+                Create(self.paths.remote_topic(topic_id), layout.encode_remote_topic(remote))
+            )
+        path = self.paths.remote_partition(topic_id, index)
+        data = layout.encode_remote_partition(records.version, records.next_offset)
+        if current.version == 0:
+            ops.append(Create(path, data))
+        else:
+            ops.append(SetData(path, data, version=current.version - 1))
+        path = self.paths.remote_segment(topic_id, index, new.segment_id)
+        if old is None:
+            ops.append(Create(path, layout.encode_remote_segment(new)))
+        elif new.state is RemoteSegmentState.DELETE_FINISHED:
+            ops.append(Delete(path))
+        else:
+            ops.append(SetData(path, layout.encode_remote_segment(new)))
+        change = Change(
+            tuple(ops),
+            remote_topics=remote_topics,
+            remote_partitions={(topic_id, index): records},
+        )
+        return records, change
+
+    def remote_deletions(self) -> list[tuple[bytes, str]]:
+        """(topic id, name) of every deleted topic whose remote records are not gone yet."""
+        return sorted(
+            ((t, remote.name) for t, remote in self.remote_topics.items() if remote.deleted),
+            key=lambda item: (item[1], item[0]),
+        )
+
+    def deleted_remote_topic(self, topic_id: bytes) -> RemoteTopic:
+        """A deleted topic whose remote records may be removed; raises UNKNOWN_TOPIC_ID (no
+        records, or removed already) or INVALID_REQUEST (the topic is not deleted)."""
+        remote = self.remote_topics.get(topic_id)
+        if remote is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID, "no remote log records for this id")
+        if not remote.deleted:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"topic {remote.name!r} is not deleted: its remote records stay",
+            )
+        return remote
+
+    def finish_remote_deletion(
+        self, topic_id: bytes, tree: Mapping[str, Sequence[str]], limit: int = STORE_OPS_LIMIT
+    ) -> list[Change]:
+        """The transactions that remove a deleted topic's ``remote_log`` subtree, ``tree``
+        as read from the store (partition znode name -> its record znode names), to commit
+        in order: deepest first, at most ``limit`` ops each, the topic znode last, so a
+        deletion cut short leaves a marked topic to finish again. Names are taken as they
+        are, so nothing malformed can keep a subtree alive."""
+        self.deleted_remote_topic(topic_id)
+        top = self.paths.remote_topic(topic_id)
+        deletes = [Delete(f"{top}/{p}/{s}") for p, names in sorted(tree.items()) for s in names]
+        deletes.extend(Delete(f"{top}/{p}") for p in sorted(tree))
+        deletes.append(Delete(top))
+        chunks = [tuple(deletes[i : i + limit]) for i in range(0, len(deletes), limit)]
+        return [Change(ops) for ops in chunks[:-1]] + [
+            Change(chunks[-1], remote_topics={topic_id: None})
+        ]
+
     # Applying a committed change --------------------------------------------------------
 
     def apply(self, change: Change, now: float) -> None:
@@ -663,6 +920,16 @@ class ClusterState:
             self.next_producer_id = change.next_producer_id
         for topic_id in change.delta.deleted_topic_ids:
             self._forget(self.topics.pop(topic_id))
+        for topic_id, remote in change.remote_topics.items():
+            if remote is None:
+                del self.remote_topics[topic_id]
+            else:
+                self.remote_topics[topic_id] = remote
+            if remote is None or remote.deleted:
+                # Nothing reads a deleted topic's records again: no need to keep them.
+                self.remote_partitions.pop(topic_id, None)
+        for (topic_id, index), records in change.remote_partitions.items():
+            self.remote_partitions.setdefault(topic_id, {})[index] = records
         for topic in change.topics:
             old = self.topics.get(topic.topic_id)
             if old is not None:
@@ -686,8 +953,37 @@ def _unclean_enabled(topic: Topic) -> bool:
     return topic.configs.get("unclean.leader.election.enable", "").strip().lower() == "true"
 
 
-def _validate_configs(configs: Mapping[str, str]) -> None:
+def _check_new_segment(segment: RemoteSegment, next_offset: int) -> None:
+    """What a new record must be: a copy just started, of offsets no finished copy holds."""
+    why = None
+    if segment.state is not RemoteSegmentState.COPY_STARTED:
+        why = f"a new record starts in COPY_STARTED, not {segment.state.name}"
+    elif not 0 <= segment.base_offset <= segment.start_offset <= segment.end_offset:
+        why = (
+            f"offsets base {segment.base_offset}, start {segment.start_offset}, end "
+            f"{segment.end_offset}: want 0 <= base <= start <= end"
+        )
+    elif segment.start_offset < next_offset:
+        why = (
+            f"start offset {segment.start_offset} is below the next offset {next_offset}: "
+            "a finished copy holds it already"
+        )
+    elif segment.size_bytes < 0:
+        why = f"size {segment.size_bytes} < 0"
+    if why is not None:
+        raise KafkaError(
+            ErrorCode.INVALID_REQUEST, f"segment {layout.uuid_text(segment.segment_id)}: {why}"
+        )
+
+
+def _remote_storage_enabled(configs: Mapping[str, str]) -> bool:
+    """The stored value read alone, as LogConfig parses it: the other stored configs may
+    predate a rule they break, and must not stop this one from being checked."""
+    return configs.get("remote.storage.enable", "").strip().lower() == "true"
+
+
+def _validate_configs(configs: Mapping[str, str]) -> LogConfig:
     try:
-        LogConfig.from_properties(configs)
+        return LogConfig.from_properties(configs)
     except InvalidConfigError as exc:
         raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from exc

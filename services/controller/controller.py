@@ -18,14 +18,15 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
 
+from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc.controller_pb2 import MetadataUpdate
 from directlog.waits import wait_event
-from services.controller import messages
+from services.controller import layout, messages
 from services.controller.cluster import Change, ClusterState, Delta
 from services.controller.layout import ControllerRecord, Layout
 from services.controller.metrics import ControllerMetrics
@@ -141,6 +142,50 @@ class Term:
             )
         return moved
 
+    async def load_remote(self, keys: Iterable[tuple[bytes, int]]) -> dict[tuple[bytes, int], str]:
+        """Read the remote log records of the partitions in ``keys`` (topic id, partition)
+        that the image lacks, the reads pipelined. Returns those that could not be read,
+        with why: a read that fails (a malformed record, a connection that dropped) fails
+        the requests that needed it, not the term, which has changed nothing. Raises
+        NotActiveError when the term ended meanwhile. The caller holds ``lock``."""
+        missing = self.state.remote_unloaded(keys)
+        results = await asyncio.gather(
+            *(self._store.load_remote_partition(t, p) for t, p in missing),
+            return_exceptions=True,
+        )
+        failed = {}
+        for (topic_id, index), result in zip(missing, results, strict=True):
+            if isinstance(result, StoreError):
+                log.error(
+                    "remote log records of %s-%d: %s", layout.uuid_text(topic_id), index, result
+                )
+                failed[topic_id, index] = f"the remote log records could not be read: {result}"
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                self.state.remote_loaded(topic_id, index, result)
+        if self.ended.is_set():
+            raise NotActiveError(NOT_ACTIVE)
+        return failed
+
+    async def finish_remote_deletion(self, topic_id: bytes) -> int:
+        """Remove a deleted topic's remote log subtree, in as many transactions as it
+        takes. Returns how many znodes went. The caller holds ``lock``. Raises KafkaError:
+        UNKNOWN_TOPIC_ID or INVALID_REQUEST as ``deleted_remote_topic`` does, and
+        UNKNOWN_SERVER_ERROR when the subtree cannot be read."""
+        self.state.deleted_remote_topic(topic_id)
+        try:
+            tree = await self._store.remote_tree(topic_id)
+        except StoreError as exc:
+            raise KafkaError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"the remote log records could not be read: {exc}"
+            ) from exc
+        removed = 0
+        for change in self.state.finish_remote_deletion(topic_id, tree):
+            await self.commit(change)
+            removed += len(change.ops)
+        return removed
+
     def publish(self, delta: Delta) -> None:
         self._metrics.observe(self.state)
         self.version += 1
@@ -235,8 +280,11 @@ class Controller:
         metrics: ControllerMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
+        """``clock`` times sessions; ``wall_clock`` (seconds since the epoch) stamps remote
+        log records."""
         self.settings = settings
         self.controller_id = settings.controller_id
         self.metrics = metrics
@@ -248,6 +296,7 @@ class Controller:
         self.active: ControllerRecord | None = None  # the other process that leads, if known
         self.address = ""
         self.clock = clock
+        self.wall_clock = wall_clock
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
         self._connected = asyncio.Event()

@@ -10,12 +10,21 @@ Under the root (``/directlog`` by default)::
     brokers/<id>                {"incarnation_id", "broker_epoch", "listeners", "rack"}
     topics/<topic id>           {"name", "configs", "replicas": [[1, 2, 3], ...]}
     topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch"}
+    remote_log                  the remote log metadata of tiered storage (KIP-405)
+    remote_log/<topic id>       {"name", "deleted"}: made with the topic's first record
+    remote_log/<topic id>/<p>   {"version", "next_offset"}: made with the partition's first
+    remote_log/<topic id>/<p>/<segment id>   one record: {"state", "base_offset", ...}
 
 Topic ids are written as Kafka prints them (URL-safe base64, no padding). A partition has a
 state znode only once its state has changed: until then it is in its initial state (first
 replica leads, every replica in sync, epochs 0), which the replicas already say. So a topic
 of 10,000 partitions is one znode of a few tens of KB, created in one small transaction, and
 ``partition_epoch > 0`` is exactly "this partition has a state znode".
+
+A remote log partition znode's data is set in every transaction that changes one of its
+records, ``version`` one more each time, so its znode version is always ``version - 1``.
+Records of a deleted topic stay (``"deleted": true``) until its remote objects are gone.
+Segment ids are written like topic ids.
 
 Everything is JSON: small, readable with any ZooKeeper shell, and tolerant of added keys.
 """
@@ -24,11 +33,19 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.controller.model import BrokerRegistration, Listener, PartitionState
+from services.controller.model import (
+    BrokerRegistration,
+    Listener,
+    PartitionState,
+    RemotePartition,
+    RemoteSegment,
+    RemoteSegmentState,
+    RemoteTopic,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +93,7 @@ class Layout:
         self.producer_ids = f"{self.root}/producer_ids"
         self.brokers = f"{self.root}/brokers"
         self.topics = f"{self.root}/topics"
+        self.remote_log = f"{self.root}/remote_log"
 
     def broker(self, broker_id: int) -> str:
         return f"{self.brokers}/{broker_id}"
@@ -86,17 +104,26 @@ class Layout:
     def partition(self, topic_id: bytes, partition: int) -> str:
         return f"{self.topic(topic_id)}/{partition}"
 
+    def remote_topic(self, topic_id: bytes) -> str:
+        return f"{self.remote_log}/{uuid_text(topic_id)}"
+
+    def remote_partition(self, topic_id: bytes, partition: int) -> str:
+        return f"{self.remote_topic(topic_id)}/{partition}"
+
+    def remote_segment(self, topic_id: bytes, partition: int, segment_id: bytes) -> str:
+        return f"{self.remote_partition(topic_id, partition)}/{uuid_text(segment_id)}"
+
 
 def uuid_text(raw: bytes) -> str:
-    """Kafka's string form of a Uuid (topic and cluster ids): URL-safe base64 without
-    padding, 22 characters."""
+    """Kafka's string form of a Uuid (topic, cluster and remote segment ids): URL-safe
+    base64 without padding, 22 characters."""
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-def topic_id_bytes(text: str) -> bytes:
+def uuid_bytes(text: str) -> bytes:
     raw = base64.urlsafe_b64decode(text + "==")
     if len(raw) != 16:
-        raise ValueError(f"not a topic id: {text!r}")
+        raise ValueError(f"not a 16-byte id: {text!r}")
     return raw
 
 
@@ -230,4 +257,65 @@ def decode_partition(replicas: tuple[int, ...], data: bytes) -> PartitionState:
         int(value["leader_epoch"]),
         tuple(int(b) for b in value["isr"]),
         int(value["partition_epoch"]),
+    )
+
+
+def encode_remote_topic(topic: RemoteTopic) -> bytes:
+    return _dump({"name": topic.name, "deleted": topic.deleted})
+
+
+def decode_remote_topic(data: bytes) -> RemoteTopic:
+    value = _load(data)
+    deleted = value["deleted"]
+    if not isinstance(deleted, bool):
+        raise ValueError(f"deleted is not true or false: {deleted!r}")
+    return RemoteTopic(str(value["name"]), deleted)
+
+
+def encode_remote_partition(version: int, next_offset: int) -> bytes:
+    return _dump({"version": version, "next_offset": next_offset})
+
+
+def decode_remote_partition(data: bytes, segments: Iterable[RemoteSegment]) -> RemotePartition:
+    """The partition znode with the records under it."""
+    value = _load(data)
+    version, next_offset = int(value["version"]), int(value["next_offset"])
+    if version < 1 or next_offset < -1:
+        raise ValueError(f"remote log partition version {version}, next offset {next_offset}")
+    return RemotePartition(version, next_offset, {s.segment_id: s for s in segments})
+
+
+def encode_remote_segment(segment: RemoteSegment) -> bytes:
+    """Every field but the segment id, which names the znode."""
+    return _dump(
+        {
+            "state": segment.state.name,
+            "base_offset": segment.base_offset,
+            "start_offset": segment.start_offset,
+            "end_offset": segment.end_offset,
+            "max_timestamp": segment.max_timestamp,
+            "size_bytes": segment.size_bytes,
+            "leader_epoch": segment.leader_epoch,
+            "broker_id": segment.broker_id,
+            "epochs": [list(pair) for pair in segment.epochs],
+            "event_time_ms": segment.event_time_ms,
+        }
+    )
+
+
+def decode_remote_segment(segment_id: bytes, data: bytes) -> RemoteSegment:
+    value = _load(data)
+    epochs = tuple((int(epoch), int(offset)) for epoch, offset in value["epochs"])
+    return RemoteSegment(
+        segment_id,
+        RemoteSegmentState[value["state"]],
+        int(value["base_offset"]),
+        int(value["start_offset"]),
+        int(value["end_offset"]),
+        int(value["max_timestamp"]),
+        int(value["size_bytes"]),
+        int(value["leader_epoch"]),
+        int(value["broker_id"]),
+        epochs,
+        int(value["event_time_ms"]),
     )

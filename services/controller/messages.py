@@ -1,12 +1,22 @@
-"""The cluster image as the protobuf messages of proto/controller.proto."""
+"""The cluster image and the remote log metadata as the protobuf messages of
+proto/controller.proto."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
 from services.controller.cluster import ClusterState, Delta
-from services.controller.model import BrokerRegistration, Listener, PartitionState, Topic
+from services.controller.model import (
+    BrokerRegistration,
+    Listener,
+    PartitionState,
+    RemotePartition,
+    RemoteSegment,
+    RemoteSegmentState,
+    Topic,
+)
 
 
 def listener(item: Listener) -> pb.Listener:
@@ -70,4 +80,56 @@ def metadata_update(
         brokers=[broker(r, b in state.fenced) for b, r in sorted(state.brokers.items())],
         topics=topics,
         deleted_topic_ids=deleted,
+    )
+
+
+def remote_segment(segment: RemoteSegment) -> pb.RemoteLogSegment:
+    return pb.RemoteLogSegment(
+        segment_id=segment.segment_id,
+        state=segment.state.name,
+        base_offset=segment.base_offset,
+        start_offset=segment.start_offset,
+        end_offset=segment.end_offset,
+        max_timestamp=segment.max_timestamp,
+        size_bytes=segment.size_bytes,
+        leader_epoch=segment.leader_epoch,
+        broker_id=segment.broker_id,
+        epochs=[pb.EpochStart(epoch=e, start_offset=o) for e, o in segment.epochs],
+        event_time_ms=segment.event_time_ms,
+    )
+
+
+def remote_segment_record(message: pb.RemoteLogSegment) -> RemoteSegment:
+    """A segment as a request carries it; INVALID_REQUEST for a state proto3 let through
+    that the enum does not have."""
+    try:
+        state = RemoteSegmentState(message.state)
+    except ValueError as exc:
+        raise KafkaError(
+            ErrorCode.INVALID_REQUEST, f"no remote segment state {message.state}"
+        ) from exc
+    return RemoteSegment(
+        message.segment_id,
+        state,
+        message.base_offset,
+        message.start_offset,
+        message.end_offset,
+        message.max_timestamp,
+        message.size_bytes,
+        message.leader_epoch,
+        message.broker_id,
+        tuple((e.epoch, e.start_offset) for e in message.epochs),
+        message.event_time_ms,
+    )
+
+
+def remote_log_partition(
+    topic_id: bytes, index: int, records: RemotePartition
+) -> pb.RemoteLogPartition:
+    return pb.RemoteLogPartition(
+        topic_id=topic_id,
+        partition=index,
+        version=records.version,
+        next_offset=records.next_offset,
+        segments=[remote_segment(s) for s in records.by_start_offset()],
     )

@@ -1,4 +1,5 @@
-"""The records of the cluster image: broker registrations, topics and partition states.
+"""The records of the cluster image: broker registrations, topics and partition states, and
+the remote log metadata of tiered storage (KIP-405).
 
 Immutable values: a change replaces a record, so an image handed to a stream or a test is
 never modified behind its back.
@@ -6,8 +7,9 @@ never modified behind its back.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +52,53 @@ class Topic:
     @property
     def replication_factor(self) -> int:
         return len(self.partitions[0].replicas)
+
+
+class RemoteSegmentState(enum.IntEnum):
+    """Where a copy of a segment to the remote store stands; the numbers of
+    proto/controller.proto's RemoteSegmentState."""
+
+    COPY_STARTED = 0
+    COPY_FINISHED = 1
+    DELETE_STARTED = 2
+    DELETE_FINISHED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSegment:
+    """One copy of a segment to the remote store (proto RemoteLogSegment)."""
+
+    segment_id: bytes  # 16 bytes
+    state: RemoteSegmentState
+    base_offset: int
+    start_offset: int
+    end_offset: int
+    max_timestamp: int
+    size_bytes: int
+    leader_epoch: int  # of the leader that copied it
+    broker_id: int  # that leader
+    epochs: tuple[tuple[int, int], ...]  # (leader epoch, its first offset), oldest first
+    event_time_ms: int  # wall clock of its last change
+
+
+@dataclass(frozen=True, slots=True)
+class RemotePartition:
+    """The remote log records of one partition. ``version`` grows with every change of
+    them (0: there never were any); ``next_offset`` is the first offset no finished copy
+    holds (-1: none yet)."""
+
+    version: int = 0
+    next_offset: int = -1
+    segments: Mapping[bytes, RemoteSegment] = field(default_factory=dict)
+
+    def by_start_offset(self) -> list[RemoteSegment]:
+        return sorted(self.segments.values(), key=lambda s: (s.start_offset, s.segment_id))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteTopic:
+    """A topic that has remote log records. ``deleted``: the topic is gone and its records
+    wait for a tiering service to delete its remote objects."""
+
+    name: str
+    deleted: bool = False

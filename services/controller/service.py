@@ -9,7 +9,7 @@ gRPC status, FAILED_PRECONDITION, with the active controller's address in the
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -17,8 +17,8 @@ import grpc
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc
-from services.controller import messages
-from services.controller.cluster import Change, ClusterState, IsrChange
+from services.controller import layout, messages
+from services.controller.cluster import NO_RECORDS, Change, ClusterState, IsrChange
 from services.controller.controller import NOT_ACTIVE, Controller, NotActiveError, Term
 from services.controller.model import Listener, Topic
 
@@ -326,10 +326,152 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             replication_factor=topic.replication_factor,
         )
 
+    # Remote log metadata ----------------------------------------------------------------
+
+    async def ListRemoteLogSegments(
+        self, request: pb.ListRemoteLogSegmentsRequest, context: Context
+    ) -> pb.ListRemoteLogSegmentsReply:
+        """Any caller may read. Partitions not read since the takeover are loaded first,
+        under the write lock, so what is answered is what was last committed."""
+        answers = []
+        with self._metrics.rpc("ListRemoteLogSegments"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    failed = await term.load_remote(
+                        (item.topic_id, item.partition) for item in request.partitions
+                    )
+                    for item in request.partitions:
+                        answer = _remote_listing(term.state, item, failed)
+                        if answer is not None:
+                            answers.append(answer)
+            except NotActiveError:
+                await self._not_active(context)
+        return pb.ListRemoteLogSegmentsReply(partitions=answers)
+
+    async def UpdateRemoteLogSegment(
+        self, request: pb.UpdateRemoteLogSegmentRequest, context: Context
+    ) -> pb.UpdateRemoteLogSegmentReply:
+        """Committed before the reply, so a tiering service that is told a copy finished
+        can rely on every controller after this one knowing it."""
+        topic_id, index = request.topic_id, request.partition
+        with self._metrics.rpc("UpdateRemoteLogSegment"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    failed = await term.load_remote([(topic_id, index)])
+                    try:
+                        if (topic_id, index) in failed:
+                            raise KafkaError(
+                                ErrorCode.UNKNOWN_SERVER_ERROR, failed[topic_id, index]
+                            )
+                        records, change = term.state.update_remote_segment(
+                            request.broker_id,
+                            request.broker_epoch,
+                            topic_id,
+                            index,
+                            request.leader_epoch,
+                            messages.remote_segment_record(request.segment),
+                            int(self._controller.wall_clock() * 1000),
+                        )
+                    except KafkaError as exc:
+                        log.info(
+                            "UpdateRemoteLogSegment of %s-%d from broker %d refused: %s",
+                            layout.uuid_text(topic_id),
+                            index,
+                            request.broker_id,
+                            exc,
+                        )
+                        known = term.state.remote_partitions.get(topic_id, {})
+                        current = known.get(index, NO_RECORDS)
+                        return pb.UpdateRemoteLogSegmentReply(
+                            error_code=exc.code,
+                            error_message=str(exc),
+                            version=current.version,
+                            next_offset=current.next_offset,
+                        )
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        if change.ops:
+            log.info(
+                "remote segment %s of %s-%d: %s",
+                layout.uuid_text(request.segment.segment_id),
+                layout.uuid_text(topic_id),
+                index,
+                pb.RemoteSegmentState.Name(request.segment.state),
+            )
+        return pb.UpdateRemoteLogSegmentReply(
+            version=records.version, next_offset=records.next_offset
+        )
+
+    async def ListRemoteLogDeletions(
+        self, request: pb.ListRemoteLogDeletionsRequest, context: Context
+    ) -> pb.ListRemoteLogDeletionsReply:
+        with self._metrics.rpc("ListRemoteLogDeletions"):
+            try:
+                term = self._controller.require_term()
+            except NotActiveError:
+                await self._not_active(context)
+            return pb.ListRemoteLogDeletionsReply(
+                topics=[
+                    pb.RemoteLogDeletion(topic_id=topic_id, name=name)
+                    for topic_id, name in term.state.remote_deletions()
+                ]
+            )
+
+    async def FinishRemoteLogDeletion(
+        self, request: pb.FinishRemoteLogDeletionRequest, context: Context
+    ) -> pb.FinishRemoteLogDeletionReply:
+        """A tiering service deleted the topic's remote objects: its records go too."""
+        topic_id = request.topic_id
+        with self._metrics.rpc("FinishRemoteLogDeletion"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        removed = await term.finish_remote_deletion(topic_id)
+                    except KafkaError as exc:
+                        log.info(
+                            "FinishRemoteLogDeletion %s refused: %s",
+                            layout.uuid_text(topic_id),
+                            exc,
+                        )
+                        return pb.FinishRemoteLogDeletionReply(
+                            error_code=exc.code, error_message=str(exc)
+                        )
+            except NotActiveError:
+                await self._not_active(context)
+        log.info(
+            "remote log records of deleted topic %s removed (%d znodes)",
+            layout.uuid_text(topic_id),
+            removed,
+        )
+        return pb.FinishRemoteLogDeletionReply()
+
     async def _not_active(self, context: Context) -> NoReturn:
         address = self._controller.active_address
         metadata = ((ACTIVE_CONTROLLER_KEY, address),) if address else ()
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NOT_ACTIVE, metadata)
+
+
+def _remote_listing(
+    state: ClusterState, item: pb.PartitionVersion, failed: Mapping[tuple[bytes, int], str]
+) -> pb.RemoteLogPartition | None:
+    """One partition of a ListRemoteLogSegments reply; None when the caller knows its
+    version already."""
+    key = (item.topic_id, item.partition)
+    try:
+        if key in failed:
+            raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, failed[key])
+        records = state.remote_partition(*key)
+    except KafkaError as exc:
+        return pb.RemoteLogPartition(
+            topic_id=item.topic_id, partition=item.partition, error_code=exc.code, next_offset=-1
+        )
+    if item.known_version == records.version:
+        return None
+    return messages.remote_log_partition(item.topic_id, item.partition, records)
 
 
 def _refuse(name: str, why: str) -> TopicPlan:

@@ -31,7 +31,7 @@ from directlog.waits import within
 from services.controller import layout
 from services.controller.cluster import Image
 from services.controller.layout import ControllerRecord, Create, Delete, Layout, SetData, StoreOp
-from services.controller.model import PartitionState, Topic
+from services.controller.model import PartitionState, RemotePartition, RemoteTopic, Topic
 
 log = logging.getLogger("directlog.controller.store")
 
@@ -108,6 +108,7 @@ class Store:
         skeleton = [
             (self.paths.brokers, b""),
             (self.paths.topics, b""),
+            (self.paths.remote_log, b""),
             (self.paths.controller_epoch, layout.encode_epoch(0)),
             (self.paths.broker_epoch, layout.encode_last_broker_epoch(0)),
             # Also for a store written before producer ids existed: ids then start at 0.
@@ -196,7 +197,7 @@ class Store:
                 for b, data in zip(broker_ids, broker_data, strict=True)
             }
             topic_ids = [
-                layout.topic_id_bytes(name)
+                layout.uuid_bytes(name)
                 for name in await self._call(self._client.get_children_async, paths.topics)
             ]
             topics = await asyncio.gather(*(self._load_topic(t) for t in topic_ids))
@@ -206,6 +207,7 @@ class Store:
                 {topic.topic_id: topic for topic in topics},
                 layout.decode_last_broker_epoch(last_data),
                 layout.decode_next_producer_id(producer_data),
+                await self._load_remote_topics(),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc
@@ -223,6 +225,46 @@ class Store:
         for index, state_data in zip(indexes, states, strict=True):
             partitions[index] = layout.decode_partition(record.replicas[index], state_data)
         return Topic(record.name, topic_id, record.configs, tuple(partitions))
+
+    async def _load_remote_topics(self) -> dict[bytes, RemoteTopic]:
+        """The topics that have remote log records; their partitions wait until asked for
+        (``load_remote_partition``), so a takeover does not read every record there is."""
+        names = await self._call(self._client.get_children_async, self.paths.remote_log)
+        topic_ids = [layout.uuid_bytes(name) for name in names]
+        data = await self._gets([self.paths.remote_topic(t) for t in topic_ids])
+        return {t: layout.decode_remote_topic(d) for t, d in zip(topic_ids, data, strict=True)}
+
+    async def load_remote_partition(self, topic_id: bytes, partition: int) -> RemotePartition:
+        """A partition's remote log records: none when it has no znode. Only for a caller
+        that holds the term's write lock, so that no commit of ours runs meanwhile."""
+        path = self.paths.remote_partition(topic_id, partition)
+        try:
+            names = await self._call(self._client.get_children_async, path)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return RemotePartition()
+            raise
+        try:
+            segment_ids = [layout.uuid_bytes(name) for name in names]
+            data = await self._gets(
+                [path] + [self.paths.remote_segment(topic_id, partition, s) for s in segment_ids]
+            )
+            segments = [
+                layout.decode_remote_segment(s, d)
+                for s, d in zip(segment_ids, data[1:], strict=True)
+            ]
+            return layout.decode_remote_partition(data[0], segments)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise StoreError(f"the store holds a malformed znode under {path}: {exc!r}") from exc
+
+    async def remote_tree(self, topic_id: bytes) -> dict[str, list[str]]:
+        """The names under a topic's remote_log znode: partition -> its record znodes."""
+        path = self.paths.remote_topic(topic_id)
+        partitions = await self._call(self._client.get_children_async, path)
+        children = await asyncio.gather(
+            *(self._call(self._client.get_children_async, f"{path}/{p}") for p in partitions)
+        )
+        return dict(zip(partitions, children, strict=True))
 
     async def _gets(self, paths: Sequence[str]) -> list[bytes]:
         """The data of many znodes, requests pipelined on the one connection."""
