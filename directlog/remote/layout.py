@@ -1,0 +1,50 @@
+"""Where a partition's remote data lives in the store (docs/tiering.md "The remote store").
+
+    <topic>-<topic id>/<partition>/segments/<base offset>-<segment id>.log      and beside it
+        .index .timeindex .snapshot .leader-epoch-checkpoint .remoteLogIndex
+    <topic>-<topic id>/<partition>/indexes/<first offset>.remoteLogIndex     rotated index
+        files, with their .remoteOffsetIndex and .remoteTimeIndex
+
+Offsets are 20 digits, ids Kafka's 22-character URL-safe base64 form. Each copy attempt has
+a segment id of its own, so a copy that is redone never writes over a half-written one, and
+the topic id in the prefix keeps a topic deleted and created again apart from the old one.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+LOG = ".log"
+OFFSET_INDEX = ".index"
+TIME_INDEX = ".timeindex"
+PRODUCER_SNAPSHOT = ".snapshot"
+LEADER_EPOCHS = ".leader-epoch-checkpoint"
+REMOTE_LOG_INDEX = ".remoteLogIndex"
+REMOTE_OFFSET_INDEX = ".remoteOffsetIndex"
+REMOTE_TIME_INDEX = ".remoteTimeIndex"
+SEGMENT_SUFFIXES = (LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT, LEADER_EPOCHS)
+INDEX_SUFFIXES = (REMOTE_LOG_INDEX, REMOTE_OFFSET_INDEX, REMOTE_TIME_INDEX)
+
+
+def id_text(value: uuid.UUID) -> str:
+    """Kafka's Uuid.toString: the 16 bytes in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode("ascii")
+
+
+def topic_prefix(topic: str, topic_id: uuid.UUID) -> str:
+    return f"{topic}-{id_text(topic_id)}"
+
+
+def partition_prefix(topic: str, topic_id: uuid.UUID, partition: int) -> str:
+    return f"{topic_prefix(topic, topic_id)}/{partition}"
+
+
+def segment_key(prefix: str, base_offset: int, segment_id: uuid.UUID, suffix: str) -> str:
+    """An object of one copied segment, under a partition's prefix."""
+    return f"{prefix}/segments/{base_offset:020d}-{id_text(segment_id)}{suffix}"
+
+
+def index_key(prefix: str, base_offset: int, suffix: str) -> str:
+    """A rotated remote index file, under a partition's prefix."""
+    return f"{prefix}/indexes/{base_offset:020d}{suffix}"
