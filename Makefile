@@ -70,6 +70,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.replication
 	$(PY) -m bench.consensus
 	$(PY) -m bench.peer_transport
+	$(PY) -m bench.tiering
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.

@@ -3,9 +3,13 @@
 Three consensus members (clients on 127.0.0.1:2181-2183), two controllers (the active one
 and a standby, gRPC on 127.0.0.1:9190-9191) and ``--brokers`` brokers (Kafka on
 127.0.0.1:9092 and up), each its own process with its data under ``--data-dir``. The
-members start first, the others once the ensemble serves. Ctrl-C,
-SIGINT or SIGTERM stops them all; if any of them exits, the others are stopped too and the
-exit code says so.
+members start first, the others once the ensemble serves; beside every broker runs its
+tiering service, with the remote store in ``<data-dir>/remote`` unless
+DIRECTLOG_TIERING_REMOTE names another. They are supervised the way a kubelet would
+(services/supervisor.py): a process that exits, whatever its exit code or signal, is
+logged and started again after a back-off (1 s, doubling up to 30 s), while the others
+keep serving. Only Ctrl-C, SIGINT or SIGTERM stops them all: tiering services, brokers,
+controllers, then members, each tier given 15 s before SIGKILL.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from services.consensus.fourletter import mode_of
+from services.supervisor import ProcessSpec, Supervisor
 
 CONSENSUS_MEMBERS = 3
 CONTROLLERS = 2
@@ -30,6 +34,13 @@ BROKER_PORT = 9092
 BROKER_METRICS_PORT = 9308
 MAX_BROKERS = 9
 ENSEMBLE_WAIT = 60.0  # seconds the others wait for the ensemble to serve, then start anyway
+# Tiers stop highest first: brokers, then the controllers they use, then the ensemble.
+CONSENSUS_TIER = 0
+CONTROLLER_TIER = 1
+BROKER_TIER = 2
+TIERING_TIER = 3  # stops first: it only copies, and its broker goes on serving reads
+TIERING_PORT = 9393  # each broker's gRPC port for its tiering service, and up
+TIERING_METRICS_PORT = 9408
 
 
 def consensus_config(data_dir: Path) -> Path:
@@ -57,63 +68,94 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"--brokers {args.brokers}: between 1 and {MAX_BROKERS}")
     config = consensus_config(args.data_dir)
     python = sys.executable
-    commands = [
-        [python, "-m", "services.consensus", "--id", str(i), "--config", str(config)]
-        for i in range(1, CONSENSUS_MEMBERS + 1)
-    ]
-    ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
-    controllers = [f"127.0.0.1:{CONTROLLER_PORT + i}" for i in range(CONTROLLERS)]
-    commands += [
-        [
-            python, "-m", "services.controller", "--id", str(i),
-            "--host", "127.0.0.1", "--port", str(CONTROLLER_PORT + i),
-            "--metrics-port", str(CONTROLLER_METRICS_PORT + i), "--consensus", ensemble,
-        ]
-        for i in range(CONTROLLERS)
-    ]  # fmt: skip
-    brokers = [f"127.0.0.1:{BROKER_PORT + i}" for i in range(args.brokers)]
-    commands += [
-        [
-            python, "-m", "services.broker", "--node-id", str(i),
-            "--host", "127.0.0.1", "--port", str(BROKER_PORT + i),
-            "--metrics-port", str(BROKER_METRICS_PORT + i),
-            "--controllers", ",".join(controllers),
-            "--data-dir", str(args.data_dir / f"broker-{i}"),
-        ]
-        for i in range(args.brokers)
-    ]  # fmt: skip
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     # Kafka's offsets topic wants three replicas; a smaller cluster gets what it has. The
     # RDMA datapaths are on (for topics with preallocate=true; the provider is auto: shm
     # on one host), so directlog.client's rdma.* settings work against it.
+    # Tiered storage is on, with a tiering service beside every broker; the remote store is
+    # a directory under the data (DIRECTLOG_TIERING_REMOTE and DIRECTLOG_TIERING_S3_* point
+    # brokers and tiering services at another, S3 for one).
+    remote = os.environ.get("DIRECTLOG_TIERING_REMOTE") or (
+        f"file://{(args.data_dir / 'remote').resolve()}"
+    )
     env = {
         **os.environ,
         "DIRECTLOG_OFFSETS_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3)),
         "DIRECTLOG_RDMA_PRODUCE": "true",
         "DIRECTLOG_RDMA_CONSUME": "true",
         "DIRECTLOG_RDMA_REPLICATION": "true",
+        "DIRECTLOG_REMOTE_LOG_STORAGE_SYSTEM_ENABLE": "true",
+        "DIRECTLOG_TIERING_REMOTE": remote,
     }
-
-    def start(command: list[str]) -> subprocess.Popen[bytes]:
-        # In a process group of its own: Ctrl-C reaches only us, and we stop them in order.
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, process_group=0)
-
-    processes = [start(c) for c in commands[:CONSENSUS_MEMBERS]]
+    members = [
+        ProcessSpec(
+            f"consensus {i}",
+            (python, "-m", "services.consensus", "--id", str(i), "--config", str(config)),
+            env,
+            CONSENSUS_TIER,
+        )
+        for i in range(1, CONSENSUS_MEMBERS + 1)
+    ]
+    ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
+    controllers = [f"127.0.0.1:{CONTROLLER_PORT + i}" for i in range(CONTROLLERS)]
+    brokers = [f"127.0.0.1:{BROKER_PORT + i}" for i in range(args.brokers)]
+    # One entry per kind of process; each process is restarted by its name.
+    others = [
+        *(
+            ProcessSpec(
+                f"controller {i}",
+                (
+                    python, "-m", "services.controller", "--id", str(i),
+                    "--host", "127.0.0.1", "--port", str(CONTROLLER_PORT + i),
+                    "--metrics-port", str(CONTROLLER_METRICS_PORT + i), "--consensus", ensemble,
+                ),
+                env,
+                CONTROLLER_TIER,
+            )
+            for i in range(CONTROLLERS)
+        ),
+        *(
+            ProcessSpec(
+                f"broker {i}",
+                (
+                    python, "-m", "services.broker", "--node-id", str(i),
+                    "--host", "127.0.0.1", "--port", str(BROKER_PORT + i),
+                    "--metrics-port", str(BROKER_METRICS_PORT + i),
+                    "--controllers", ",".join(controllers),
+                    "--data-dir", str(args.data_dir / f"broker-{i}"),
+                ),
+                {**env, "DIRECTLOG_TIERING_PORT": str(TIERING_PORT + i)},
+                BROKER_TIER,
+            )
+            for i in range(args.brokers)
+        ),
+        *(
+            ProcessSpec(
+                f"tiering {i}",
+                (
+                    python, "-m", "services.tiering",
+                    "--broker", f"127.0.0.1:{TIERING_PORT + i}",
+                    "--metrics-port", str(TIERING_METRICS_PORT + i),
+                ),
+                env,
+                TIERING_TIER,
+            )
+            for i in range(args.brokers)
+        ),
+    ]  # fmt: skip
+    supervisor = Supervisor()
+    signal.signal(signal.SIGINT, lambda signum, frame: supervisor.request_stop())
+    signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.request_stop())
+    supervisor.start(members)
     # The controllers start once the ensemble serves, so their first connections succeed.
+    # Members that exit meanwhile are restarted like any other process.
     deadline = time.monotonic() + ENSEMBLE_WAIT
-    while not stopping and time.monotonic() < deadline and all(p.poll() is None for p in processes):
+    while not supervisor.stop_requested and time.monotonic() < deadline:
+        supervisor.poll_once()
         if all(mode_of(2180 + i, timeout=1.0) for i in range(1, CONSENSUS_MEMBERS + 1)):
             break
         time.sleep(0.1)
-    if not stopping:
-        processes += [start(c) for c in commands[CONSENSUS_MEMBERS:]]
+    if not supervisor.stop_requested:
+        supervisor.start(others)
     print(
         "Directlog local cluster\n"
         f"  consensus (ZooKeeper protocol)  {ensemble}\n"
@@ -121,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         f"  Kafka bootstrap servers         {','.join(brokers)}\n"
         "  RDMA datapaths                  produce, consume, push replication "
         "(topics with preallocate=true)\n"
+        f"  tiered storage                  {remote} (topics with remote.storage.enable=true)\n"
         "  metrics                         "
         + ", ".join(
             f"http://127.0.0.1:{port}/metrics"
@@ -128,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                 *(7180 + i for i in range(1, CONSENSUS_MEMBERS + 1)),
                 *(CONTROLLER_METRICS_PORT + i for i in range(CONTROLLERS)),
                 *(BROKER_METRICS_PORT + i for i in range(args.brokers)),
+                *(TIERING_METRICS_PORT + i for i in range(args.brokers)),
             ]
         )
         + "\n"
@@ -135,30 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         "  stop with Ctrl-C",
         flush=True,
     )
-    failed = None
-    while not stopping and failed is None:
-        time.sleep(0.2)
-        failed = next((p for p in processes if p.poll() is not None), None)
-    # Brokers first, then controllers, then the ensemble they use: nothing loses what it
-    # depends on while it shuts down.
-    services = CONSENSUS_MEMBERS + CONTROLLERS
-    for tier in (
-        processes[services:],
-        processes[CONSENSUS_MEMBERS:services],
-        processes[:CONSENSUS_MEMBERS],
-    ):
-        for p in tier:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in tier:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    if failed is not None and not stopping:
-        name = " ".join(str(a) for a in commands[processes.index(failed)][2:5])
-        sys.exit(f"local cluster: {name} exited with {failed.returncode}")
+    supervisor.run()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ class ErrorCode(IntEnum):
     BROKER_ID_NOT_REGISTERED = 102
     INELIGIBLE_REPLICA = 107
     INVALID_UPDATE_VERSION = 108
+    OFFSET_MOVED_TO_TIERED_STORAGE = 109
 
 
 class KafkaError(Exception):

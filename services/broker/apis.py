@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
@@ -35,7 +35,7 @@ from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
-from directlog.topics import NO_LEADER
+from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
@@ -52,10 +52,12 @@ from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
 from services.broker.storage import AppendResult, OffsetOutOfRangeError, PartitionLog
+from services.broker.storage.errors import OffsetMovedToTieredStorageError
+from services.broker.tiered.remote_reads import RemoteReader
 
 log = logging.getLogger(__name__)
 
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE = 0, 1
 CONFIG_SOURCE_TOPIC, CONFIG_SOURCE_DEFAULT = 1, 5
@@ -86,6 +88,17 @@ class _Append(NamedTuple):
         return f"{self.topic}-{self.result.index}"
 
 
+class _RemoteFetch(NamedTuple):
+    """A partition of a fetch to be answered from the remote store."""
+
+    data: PartitionData
+    tp: TopicPartition
+    log: PartitionLog
+    offset: int
+    max_bytes: int
+    min_one_batch: bool
+
+
 class KafkaApis:
     def __init__(
         self,
@@ -106,6 +119,7 @@ class KafkaApis:
         self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
         self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
         self.rdma_replication: RdmaReplication | None = None  # set when rdma_replication is on
+        self.remote_reads: RemoteReader | None = None  # set when tiered storage is on
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -368,13 +382,15 @@ class KafkaApis:
         max_bytes = request.max_bytes if version >= 3 else 0x7FFFFFFF
         while True:
             waiter = self._data_arrived
-            topics, total, failed = self._read_fetch(request, version, max_bytes)
+            topics, total, failed, remote = self._read_fetch(request, version, max_bytes)
             remaining = deadline - time.monotonic()
-            if failed or total >= request.min_bytes or remaining <= 0:
+            if failed or remote or total >= request.min_bytes or remaining <= 0:
                 break
             if not await wait_event(waiter, remaining):
-                topics, total, failed = self._read_fetch(request, version, max_bytes)
+                topics, total, failed, remote = self._read_fetch(request, version, max_bytes)
                 break
+        if remote:
+            await self._read_remote(remote, version)
         for topic in topics:
             for partition in topic.partitions:
                 if partition.records_size:
@@ -383,10 +399,11 @@ class KafkaApis:
 
     def _read_fetch(
         self, request: Any, version: int, max_bytes: int
-    ) -> tuple[list[TopicData], int, bool]:
+    ) -> tuple[list[TopicData], int, bool, list[_RemoteFetch]]:
         replica = _replica_id(request, version)
         now = now_ms()
         topics: list[TopicData] = []
+        remote: list[_RemoteFetch] = []
         total = 0
         failed = False
         for fetch_topic in request.topics:
@@ -401,6 +418,7 @@ class KafkaApis:
             partitions = []
             for wanted in fetch_topic.partitions:
                 data = PartitionData(wanted.partition, ErrorCode.NONE)
+                budget = 0
                 try:
                     if known is None:
                         code = (
@@ -425,10 +443,10 @@ class KafkaApis:
                         upper = partition_log.high_watermark
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
-                    budget = min(wanted.partition_max_bytes, max_bytes - total)
+                    budget = max(min(wanted.partition_max_bytes, max_bytes - total), 0)
                     read = partition_log.read(
                         wanted.fetch_offset,
-                        max(budget, 0),
+                        budget,
                         upper_offset=upper,
                         min_one_batch=total == 0,
                     )
@@ -437,6 +455,25 @@ class KafkaApis:
                     if version < 4 and read.records.size:
                         data.records = _down_convert(read.records.read(), 0 if version < 2 else 1)
                     total += data.records_size
+                except OffsetMovedToTieredStorageError as moved:
+                    if replica >= 0 or self.remote_reads is None:
+                        # A follower restarts from the leader's local log start (KIP-405).
+                        problem: Exception = moved
+                        if replica < 0:
+                            problem = KafkaError(
+                                ErrorCode.KAFKA_STORAGE_ERROR, f"{moved}; no remote store set"
+                            )
+                        data.error_code, _ = self._item_error(
+                            problem, "fetch", f"{name}-{wanted.partition}"
+                        )
+                        data.records = b""
+                        failed = True
+                    else:
+                        tp = TopicPartition(name, wanted.partition)
+                        remote.append(
+                            _RemoteFetch(data, tp, partition_log, moved.offset, budget, total == 0)
+                        )
+                        total += budget
                 except Exception as error:
                     data.error_code, _ = self._item_error(
                         error, "fetch", f"{name}-{wanted.partition}"
@@ -445,7 +482,36 @@ class KafkaApis:
                     failed = True
                 partitions.append(data)
             topics.append(TopicData(name, topic_id, partitions))
-        return topics, total, failed
+        return topics, total, failed, remote
+
+    async def _read_remote(self, remote: list[_RemoteFetch], version: int) -> None:
+        """Fill in the partitions below their local log start from the remote store, waiting
+        at most remote_fetch_max_wait_ms; a read not done by then answers no records (the
+        client fetches again and takes it), a failed one its error code."""
+        reader = self.remote_reads
+        assert reader is not None
+        wait = self.settings.remote_fetch_max_wait_ms / 1000
+        results = await asyncio.gather(
+            *(
+                reader.read(
+                    r.tp, r.log, r.offset, r.max_bytes, min_one_batch=r.min_one_batch, wait=wait
+                )
+                for r in remote
+            ),
+            return_exceptions=True,
+        )
+        for fetch, result in zip(remote, results, strict=True):
+            data = fetch.data
+            if isinstance(result, BaseException):
+                data.error_code, _ = self._item_error(result, "fetch", str(fetch.tp))
+                data.records = None
+            elif result is None or not result.records:
+                data.records = b""
+            else:
+                data.records = result.records
+                data.offsets = result.offsets
+                if version < 4:
+                    data.records = _down_convert(result.records, 0 if version < 2 else 1)
 
     # ListOffsets -----------------------------------------------------------------------
 
@@ -462,8 +528,10 @@ class KafkaApis:
                         wanted.partition_index,
                         wanted.current_leader_epoch if header.api_version >= 4 else -1,
                     )
-                    offset, timestamp = self._offset_for(partition.log, wanted.timestamp)
+                    offset, timestamp = await self._offset_for(partition, wanted.timestamp)
                     epoch = partition.leader_epoch
+                    if wanted.timestamp == EARLIEST_LOCAL:
+                        epoch = partition.log.leader_epochs.epoch_for(offset)
                 except Exception as error:
                     code, _ = self._item_error(
                         error, "list_offsets", f"{topic.name}-{wanted.partition_index}"
@@ -519,17 +587,32 @@ class KafkaApis:
         await asyncio.to_thread(self.replicas.logs.checkpoint_log_starts)
         return response(throttle_time_ms=0, topics=topics)
 
-    @staticmethod
-    def _offset_for(partition_log: PartitionLog, timestamp: int) -> tuple[int, int]:
+    async def _offset_for(self, partition: Partition, timestamp: int) -> tuple[int, int]:
+        """ListOffsets' (offset, timestamp) for one partition. By timestamp, a tiered log's
+        remote records are searched first (they come first), through the remote indexes'
+        time entries; the largest timestamp (-3) is looked up in local segments only, as in
+        Kafka 3.7."""
+        partition_log = partition.log
         if timestamp == LATEST:
             return partition_log.high_watermark, -1
         if timestamp == EARLIEST:
             return partition_log.log_start_offset, -1
+        if timestamp == EARLIEST_LOCAL:  # KIP-405: where a follower starts its local log
+            return partition_log.local_log_start_offset, -1
         if timestamp == MAX_TIMESTAMP:
             best = max(partition_log.segments, key=lambda s: s.max_timestamp)
             if best.max_timestamp == NO_TIMESTAMP:
                 return -1, -1
             return best.offset_of_max_timestamp, best.max_timestamp
+        if partition_log.remote is not None and self.remote_reads is not None:
+            found = await self.remote_reads.offset_for_timestamp(
+                partition.tp,
+                partition_log,
+                timestamp,
+                self.settings.remote_list_offsets_request_timeout_ms / 1000,
+            )
+            if found is not None:
+                return found
         found = partition_log.offset_for_timestamp(
             timestamp, upper_offset=partition_log.high_watermark
         )
@@ -875,12 +958,19 @@ class KafkaApis:
                 )
                 answers[wanted.name] = (code, "manual replica assignment is not supported", None)
                 continue
+            configs = {c.name: c.value for c in wanted.configs if c.value is not None}
+            try:
+                self._check_remote_storage(configs)
+            except KafkaError as error:
+                answers[wanted.name] = (error.code, str(error), None)
+                self._item_error(error, "create_topics", wanted.name)
+                continue
             wanted_topics.append(
                 pb.NewTopic(
                     name=wanted.name,
                     partitions=wanted.num_partitions,
                     replication_factor=wanted.replication_factor,
-                    configs={c.name: c.value for c in wanted.configs if c.value is not None},
+                    configs=configs,
                 )
             )
         if wanted_topics:
@@ -1105,7 +1195,9 @@ class KafkaApis:
             try:
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered")
-                alterations.append(alteration(resource))
+                altered = alteration(resource)
+                self._check_remote_storage(altered.set)
+                alterations.append(altered)
             except Exception as error:
                 code, message = self._item_error(
                     error, metric, f"resource {resource.resource_name!r}"
@@ -1138,6 +1230,19 @@ class KafkaApis:
                 for r in request.resources
             ],
         )
+
+    def _check_remote_storage(self, configs: Mapping[str, str]) -> None:
+        """Kafka's rule: remote.storage.enable only on a broker with
+        remote.log.storage.system.enable."""
+        if (
+            configs.get("remote.storage.enable", "").strip().lower() == "true"
+            and not self.settings.remote_log_storage_system_enable
+        ):
+            raise KafkaError(
+                ErrorCode.INVALID_CONFIG,
+                "Tiered Storage functionality is disabled in the broker "
+                "(remote.log.storage.system.enable): a topic cannot set remote.storage.enable",
+            )
 
     def _partition_count(self, name: str) -> int:
         topic = self.image.topic(name)

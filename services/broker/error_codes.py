@@ -15,6 +15,7 @@ _TABLE: list[tuple[type[BaseException], ErrorCode]] = [
     (UnsupportedCompressionError, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
     (CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
     (InvalidRecordError, ErrorCode.INVALID_RECORD),
+    (storage.OffsetMovedToTieredStorageError, ErrorCode.OFFSET_MOVED_TO_TIERED_STORAGE),
     (storage.OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
     (storage.MessageTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (storage.RecordBatchTooLargeError, ErrorCode.RECORD_LIST_TOO_LARGE),

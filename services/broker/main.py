@@ -16,10 +16,12 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import uvloop
 
 from directlog import heap
 from directlog.protocol.errors import KafkaError
+from directlog.remote.store import RemoteStore
 from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import LogConfig
 from directlog.waits import within
@@ -40,6 +42,10 @@ from services.broker.replica_manager import ReplicaManager
 from services.broker.server import KafkaServer
 from services.broker.settings import BrokerSettings
 from services.broker.storage.log_manager import LogManager
+from services.broker.tiered.remote_reads import RemoteReader
+from services.broker.tiered.remote_state import RemoteLogState
+from services.broker.tiered.service import TieringService
+from services.broker.tiered.service import serve as serve_tiering
 
 log = logging.getLogger("directlog.broker")
 
@@ -76,6 +82,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         settings.data_dir,
         image.config_for,
         producer_id_expiration_ms=settings.producer_id_expiration_ms,
+        configs_pending=True,
     )
     metrics = BrokerMetrics()
     metrics.watch_logs(logs)
@@ -139,6 +146,24 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     if settings.rdma_consume:
         apis.rdma_reads = RdmaConsume(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma_reads.leadership_changed)
+    tiering: grpc.aio.Server | None = None
+    tiering_line = ""
+    if settings.remote_log_storage_system_enable:
+        store = RemoteStore(settings.store_config())
+        apis.remote_reads = RemoteReader(
+            store,
+            settings.remote_log_reader_threads,
+            settings.remote_log_reader_max_pending_tasks,
+            metrics,
+        )
+        replicas.remote_state = RemoteLogState(store, link)
+        tiering, tiering_port = await serve_tiering(
+            TieringService(replicas, link), settings.tiering_host, settings.tiering_port
+        )
+        tiering_line = (
+            f"  tiering (gRPC)     {settings.tiering_host}:{tiering_port}, "
+            f"remote store {store.root_uri}\n"
+        )
     server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
     port = server.listen(settings.host, settings.port)
     link.listeners = [pb.Listener(name="PLAINTEXT", host=host, port=port)]
@@ -157,6 +182,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
                 f"  metrics            http://{settings.host}:{metrics_port}/metrics\n"
                 f"  controllers        {','.join(settings.controllers)}\n"
                 f"  data               {settings.data_dir.resolve()}\n"
+                f"{tiering_line}"
                 f"  stop with Ctrl-C",
                 flush=True,
             )
@@ -174,6 +200,10 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         await link.close()
         await replicas.close()
         await server.close()
+        if tiering is not None:
+            await tiering.stop(1.0)
+        if apis.remote_reads is not None:
+            apis.remote_reads.close()
         if apis.rdma is not None:
             await apis.rdma.close()
         if apis.rdma_replication is not None:

@@ -138,6 +138,32 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # Tiered storage (services/broker/tiered/): reads from the remote store.
+        self.remote_fetch_bytes = Counter(
+            "directlog_broker_remote_fetch_bytes",
+            "Record bytes read from the remote store for fetches, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.remote_fetch_requests = Counter(
+            "directlog_broker_remote_fetch_requests",
+            "Reads from the remote store for fetches and offset lookups, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.remote_fetch_errors = Counter(
+            "directlog_broker_remote_fetch_errors",
+            "Reads from the remote store that failed (unreachable, corrupt), by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.remote_read_latency = Histogram(
+            "directlog_broker_remote_read_latency_seconds",
+            "Time to read and check one range of remote log data",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
         # Labelled children looked up once: labels() costs more than the increment itself.
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
@@ -212,13 +238,19 @@ class _LogCollector(Collector):
         size = GaugeMetricFamily(
             "directlog_broker_log_size_bytes", "Bytes in the partition's segments", labels=labels
         )
+        local_start = GaugeMetricFamily(
+            "directlog_broker_local_log_start_offset",
+            "First offset in a local segment (below it, a tiered log's records are remote)",
+            labels=labels,
+        )
         for tp, log in list(self._logs().logs.items()):
             key = [tp.topic, str(tp.partition)]
             end.add_metric(key, log.log_end_offset)
             start.add_metric(key, log.log_start_offset)
             hw.add_metric(key, log.high_watermark)
             size.add_metric(key, log.size_bytes)
-        yield from (end, start, hw, size)
+            local_start.add_metric(key, log.local_log_start_offset)
+        yield from (end, start, hw, size, local_start)
 
 
 class _ReplicaCollector(Collector):

@@ -6,6 +6,11 @@ of the follower's latest leader epoch (OffsetForLeaderEpoch, KIP-101/279) and cu
 the leader never had, repeating with an older epoch until the logs agree. Then it fetches
 from its log end; record batches are appended with the leader's offsets and epochs, and the
 follower's high watermark follows the leader's.
+
+A follower of a tiered partition that needs offsets the leader keeps only in the remote
+store gets OFFSET_MOVED_TO_TIERED_STORAGE: it asks the leader where its local log starts
+(ListOffsets, earliest local) and restarts its log there from the remote state
+(services/broker/tiered/remote_state.py), off the fetch loop, then fetches on.
 """
 
 from __future__ import annotations
@@ -24,14 +29,22 @@ from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
 from directlog.waits import wait_event
 from services.broker.partition import Partition
+from services.broker.tiered.remote_state import RemoteLogState
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
+    from kafka.protocol.consumer import (
+        ListOffsetsRequest,
+        ListOffsetsResponse,
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderEpochResponse,
+    )
 
 log = logging.getLogger(__name__)
 
 EPOCH_VERSION = 4
+LIST_OFFSETS_VERSION = 8  # the first with EARLIEST_LOCAL (KIP-405)
+EARLIEST_LOCAL = -4
 UNDEFINED = -1
 CONNECT_TIMEOUT = 5.0
 _RETRY_PARTITION = frozenset(
@@ -42,6 +55,7 @@ _RETRY_PARTITION = frozenset(
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.REQUEST_TIMED_OUT,
         ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.OFFSET_MOVED_TO_TIERED_STORAGE,  # without a remote store to restart from
     }
 )
 
@@ -54,6 +68,7 @@ class FollowState:
     paused_until: float = 0.0  # after an error, until metadata or time moves on
     lag: int = 0  # offsets behind the leader's high watermark at the last fetch
     pushed: bool = False  # the leader pushes it over RDMA: no pull fetches meanwhile
+    rebuilding: bool = False  # restarting from the remote store's state: no fetches meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,8 @@ class ReplicaFetcher:
         self._connection: KafkaConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self.pulled: Callable[[TopicPartition, int], None] | None = None  # bytes appended
+        self.remote_state: RemoteLogState | None = None  # set when tiered storage is on
+        self._rebuilds: set[asyncio.Task[None]] = set()
 
     def start_push(self, tp: TopicPartition, leader_epoch: int) -> FollowState | None:
         """Stop pulling `tp` because its leader will push it (services/broker/rdma): only
@@ -114,9 +131,10 @@ class ReplicaFetcher:
         self.partitions.pop(tp, None)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._rebuilds) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._disconnect()
 
     # The loop ------------------------------------------------------------------------------
@@ -160,7 +178,10 @@ class ReplicaFetcher:
         return [
             s
             for s in self.partitions.values()
-            if s.truncating == truncating and s.paused_until <= now and not s.pushed
+            if s.truncating == truncating
+            and s.paused_until <= now
+            and not s.pushed
+            and not s.rebuilding
         ]
 
     def _pause(self, state: FollowState, code: int) -> None:
@@ -170,6 +191,9 @@ class ReplicaFetcher:
             self.leader_id,
             _name(code),
         )
+        self._back_off(state)
+
+    def _back_off(self, state: FollowState) -> None:
         state.paused_until = asyncio.get_running_loop().time() + self.settings.backoff_ms / 1000
 
     # Truncation ----------------------------------------------------------------------------
@@ -296,6 +320,14 @@ class ReplicaFetcher:
             else:
                 state.truncating = True  # ahead of the leader: find where we diverged
             return
+        if code == ErrorCode.OFFSET_MOVED_TO_TIERED_STORAGE and self.remote_state is not None:
+            state.rebuilding = True
+            task = asyncio.get_running_loop().create_task(
+                self._restart_from_remote(state, data.log_start_offset)
+            )
+            self._rebuilds.add(task)
+            task.add_done_callback(self._rebuilds.discard)
+            return
         if code != ErrorCode.NONE:
             if code in _RETRY_PARTITION:
                 self._pause(state, code)
@@ -313,6 +345,73 @@ class ReplicaFetcher:
             partition_log.advance_log_start(
                 min(data.log_start_offset, partition_log.high_watermark)
             )
+
+    # Tiered storage ------------------------------------------------------------------------
+
+    async def _restart_from_remote(self, state: FollowState, leader_log_start: int) -> None:
+        """Restart `state`'s log where the leader's local log starts, from remote state."""
+        tp = state.partition.tp
+        remote_state = self.remote_state
+        assert remote_state is not None
+        try:
+            local_start = await self._leader_local_start(state)
+            start = await remote_state.start_for(tp, state.partition.topic_id, local_start)
+            if self.partitions.get(tp) is not state:
+                return  # the partition moved on meanwhile
+            log.info(
+                "%s: the leader keeps offsets below %d in the remote store; restarting at %d "
+                "from its remote state (log start %d)",
+                tp,
+                local_start,
+                start.offset,
+                leader_log_start,
+            )
+            state.partition.log.restart_from_remote(
+                start.offset,
+                min(max(leader_log_start, 0), start.offset),
+                start.epochs,
+                start.producer_snapshot,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.info("%s: restart from remote state failed: %r; retrying after back-off", tp, error)
+            self._back_off(state)
+        finally:
+            state.rebuilding = False
+            self._changed.set()
+
+    async def _leader_local_start(self, state: FollowState) -> int:
+        """The leader's local log start (ListOffsets EARLIEST_LOCAL, as a replica)."""
+        connection = await self._connect()
+        if connection is None:
+            raise ConnectionError(f"no address for leader {self.leader_id}")
+        tp = state.partition.tp
+        topic = ListOffsetsRequest.ListOffsetsTopic
+        request = ListOffsetsRequest(
+            version=LIST_OFFSETS_VERSION,
+            replica_id=self.settings.broker_id,
+            isolation_level=0,
+            topics=[
+                topic(
+                    name=tp.topic,
+                    partitions=[
+                        topic.ListOffsetsPartition(
+                            partition_index=tp.partition,
+                            current_leader_epoch=state.leader_epoch,
+                            timestamp=EARLIEST_LOCAL,
+                        )
+                    ],
+                )
+            ],
+        )
+        response = await connection.request(request, ListOffsetsResponse, self._client_id)
+        answer = response.topics[0].partitions[0]
+        if answer.error_code != ErrorCode.NONE or answer.offset < 0:
+            raise ConnectionError(
+                f"{tp}: the leader's earliest local offset: {_name(answer.error_code)}"
+            )
+        return int(answer.offset)
 
     @property
     def _client_id(self) -> str:

@@ -29,6 +29,7 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.replica_fetcher import FetchSettings, ReplicaFetcher
 from services.broker.storage.log_manager import LogManager
+from services.broker.tiered.remote_state import RemoteLogState
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class ReplicaManager:
         self._notify = notify
         self.metrics = metrics
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        # Tiered storage: where followers find the state to restart from (None: off).
+        self.remote_state: RemoteLogState | None = None
         # Told whenever a hosted partition becomes leader or follower or goes away (the group
         # coordinator follows the __consumer_offsets partitions this way).
         self.leadership_listeners: list[Callable[[Partition], None]] = []
@@ -93,7 +96,7 @@ class ReplicaManager:
             for index in topic.partitions:
                 hosted = self.partitions.get(TopicPartition(topic.name, index))
                 if hosted is not None:
-                    hosted.log.config = config
+                    hosted.log.configure(config)
         for topic, info in change.partitions:
             tp = TopicPartition(topic.name, info.partition)
             if self.broker_id in info.replicas:
@@ -118,7 +121,7 @@ class ReplicaManager:
                     tp, self.image.config_for(topic.name), topic_id=topic.topic_id
                 )
             else:
-                partition_log.config = self.image.config_for(topic.name)
+                partition_log.configure(self.image.config_for(topic.name))
                 partition_log.set_topic_id(topic.topic_id)
             partition = Partition(
                 tp, topic.topic_id, partition_log, self.broker_id, self._notify, self._propose_isr
@@ -166,6 +169,7 @@ class ReplicaManager:
                 leader, self._address, self.fetch_settings
             )
             fetcher.pulled = self.metrics.pulled
+            fetcher.remote_state = self.remote_state
         return fetcher
 
     def _address(self, broker_id: int) -> tuple[str, int] | None:

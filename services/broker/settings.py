@@ -5,11 +5,12 @@ command-line flags."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from directlog.remote.store import StoreConfig
 from directlog.settings import ServiceSettings
 
 
@@ -80,3 +81,40 @@ class BrokerSettings(ServiceSettings):
     rdma_consume: bool = False
     rdma_consume_port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
     rdma_consume_max_consumers: int = Field(256, ge=1, le=4096)  # slot regions at once
+    # Tiered storage (docs/tiering.md). Kafka's remote.log.storage.system.enable: topics may
+    # set remote.storage.enable only while it is on. The tiering service beside the broker
+    # copies their closed segments to the remote store, from which the broker serves reads
+    # below the local log start. The store's settings are the tiering service's own
+    # (DIRECTLOG_TIERING_REMOTE, ...), so one set of variables configures both.
+    remote_log_storage_system_enable: bool = False
+    tiering_remote: str | None = None  # file:///dir, s3://bucket/prefix, hdfs://host:port/dir
+    tiering_s3_endpoint: str | None = None  # http(s)://host:port of an S3-compatible server
+    tiering_s3_region: str | None = None
+    tiering_s3_access_key: str | None = None  # unset: the AWS SDK's own chain
+    tiering_s3_secret_key: str | None = None
+    tiering_remote_timeout_ms: int = Field(10000, ge=1)  # one store request, at most
+    # Where the broker serves its tiering service (gRPC, proto/tiering.proto): localhost in a
+    # pod. 0 picks a free port (printed in the banner).
+    tiering_host: str = "127.0.0.1"
+    tiering_port: int = Field(9393, ge=0, le=65535)
+    remote_fetch_max_wait_ms: int = Field(500, ge=1)  # then a fetch answers without the read
+    remote_log_reader_threads: int = Field(10, ge=1)
+    remote_log_reader_max_pending_tasks: int = Field(100, ge=1)
+    remote_list_offsets_request_timeout_ms: int = Field(30000, ge=1)
+
+    @model_validator(mode="after")
+    def _remote_store_named(self) -> Self:
+        if self.remote_log_storage_system_enable and not self.tiering_remote:
+            raise ValueError("remote_log_storage_system_enable needs tiering_remote, the store")
+        return self
+
+    def store_config(self) -> StoreConfig:
+        assert self.tiering_remote, "tiered storage is off"
+        return StoreConfig(
+            self.tiering_remote,
+            s3_endpoint=self.tiering_s3_endpoint,
+            s3_region=self.tiering_s3_region,
+            s3_access_key=self.tiering_s3_access_key,
+            s3_secret_key=self.tiering_s3_secret_key,
+            timeout_s=self.tiering_remote_timeout_ms / 1000,
+        )

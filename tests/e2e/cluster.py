@@ -27,6 +27,8 @@ from tests.e2e.broker import BrokerProcess
 from tests.e2e.controller import ControllerProcess
 from tests.e2e.ensemble import Ensemble
 from tests.e2e.netns import MemberNetworks
+from tests.e2e.tiering import TieringProcess
+from tests.ports import free_port
 
 BROKER_SESSION_MS = 2000
 FAST_BROKER = {
@@ -49,7 +51,10 @@ class Cluster:
         controller_settings: dict[str, Any] | None = None,
         racks: dict[int, str] | None = None,
         networks: MemberNetworks | None = None,
+        tiering: dict[str, Any] | None = None,
     ) -> None:
+        """``tiering``: TieringSettings fields (the remote store at least); with them every
+        broker has tiered storage on and a tiering service beside it."""
         self.work_dir = Path(work_dir)
         self.networks = networks
         control = brokers + 1  # the namespace member of the consensus member and controllers
@@ -82,6 +87,8 @@ class Cluster:
             **(broker_settings or {}),
         }
         self.racks = dict(racks or {})
+        self.tiering_settings = dict(tiering) if tiering is not None else None
+        self.tierings: dict[int, TieringProcess] = {}
         self.brokers: dict[int, BrokerProcess] = {}
         self._broker_count = brokers
         self.controller_addresses = ""  # known once the controllers listen
@@ -109,6 +116,8 @@ class Cluster:
         settings = dict(self.broker_settings)
         if node_id in self.racks:
             settings["rack"] = self.racks[node_id]
+        if self.tiering_settings is not None:
+            settings.update(self._tiered_broker_settings())
         member = node_id + 1
         broker = BrokerProcess(
             self.work_dir / f"broker-{node_id}",
@@ -119,7 +128,27 @@ class Cluster:
             command_prefix=self.networks.prefixes[member] if self.networks else (),
         )
         self.brokers[node_id] = broker
-        return broker.start()
+        broker.start()
+        if self.tiering_settings is not None:
+            tiering = TieringProcess(
+                self.work_dir / f"tiering-{node_id}",
+                broker=f"127.0.0.1:{settings['tiering_port']}",
+                settings=self.tiering_settings,
+            )
+            self.tierings[node_id] = tiering
+            tiering.start()
+        return broker
+
+    def _tiered_broker_settings(self) -> dict[str, Any]:
+        """A broker's side of the tiering settings: the same store, its own gRPC port."""
+        tiering = self.tiering_settings
+        assert tiering is not None
+        shared = {
+            f"tiering_{name}": tiering[name]
+            for name in ("remote", "s3_endpoint", "s3_region", "s3_access_key", "s3_secret_key")
+            if name in tiering
+        }
+        return {**shared, "remote_log_storage_system_enable": True, "tiering_port": free_port()}
 
     def wait_live(self, expected: set[int], timeout: float = 30.0) -> None:
         """Until Metadata lists exactly `expected` as the live brokers."""
@@ -130,6 +159,8 @@ class Cluster:
         return set(admin.list_topics(timeout=5).brokers)
 
     def stop(self) -> None:
+        for tiering in self.tierings.values():
+            tiering.stop()
         for broker in self.brokers.values():
             broker.stop()
         for controller in self.controllers:
@@ -138,6 +169,7 @@ class Cluster:
 
     def logs(self, lines: int = 60) -> str:
         parts = [f"--- broker {i}\n{b.stderr_tail(lines)}" for i, b in self.brokers.items()]
+        parts += [f"--- tiering {i}\n{t.stderr_tail(lines)}" for i, t in self.tierings.items()]
         parts += [
             f"--- controller {c.controller_id}\n{c.stderr_tail(lines)}" for c in self.controllers
         ]

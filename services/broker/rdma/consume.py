@@ -216,8 +216,9 @@ class RdmaConsume:
         plog = partition.log
         # As for a Fetch, an offset between the high watermark and the log end is in range
         # (a new leader's high watermark can lag what consumers saw); nothing above the high
-        # watermark is readable until it moves there.
-        start, end = plog.log_start_offset, plog.log_end_offset
+        # watermark is readable until it moves there. A tiered log's remote records are
+        # not registered: only its local part is served.
+        start, end = plog.local_log_start_offset, plog.log_end_offset
         if not start <= offset <= end:
             raise KafkaError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,

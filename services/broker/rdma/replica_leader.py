@@ -253,14 +253,16 @@ class ReplicaLeader:
 
     @staticmethod
     def _behind_log_start(partition: Partition, follower: int) -> bool:
-        """A follower whose last known log end is below our log start must restart its log
-        there, and one whose log start (as its latest fetch said; -1 before its first fetch
-        under this leadership) is below ours must move it (DeleteRecords, retention): only a
-        pull fetch does either, so meanwhile no grant is asked for and an open channel ends."""
+        """A follower whose last known log end is below our local log start must restart its
+        log there (from the remote store's state, if the log is tiered), and one whose log
+        start (as its latest fetch said; -1 before its first fetch under this leadership) is
+        below ours must move it (DeleteRecords, retention): only a pull fetch does either,
+        so meanwhile no grant is asked for and an open channel ends."""
         progress = partition.followers.get(follower)
-        start = partition.log.log_start_offset
+        plog = partition.log
         return progress is not None and (
-            0 <= progress.log_end_offset < start or progress.log_start_offset < start
+            0 <= progress.log_end_offset < plog.local_log_start_offset
+            or progress.log_start_offset < plog.log_start_offset
         )
 
     def wake(self, partition: Partition) -> None:
@@ -374,7 +376,7 @@ class ReplicaLeader:
         boundary, and its latest epoch ending (here) no earlier than its log end."""
         plog = partition.log
         end = response.log_end_offset
-        if not plog.log_start_offset <= end <= plog.log_end_offset:
+        if not plog.local_log_start_offset <= end <= plog.log_end_offset:
             raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE, f"follower log end {end}")
         if response.last_epoch >= 0:
             epoch, epoch_end = plog.end_offset_for_epoch(response.last_epoch)

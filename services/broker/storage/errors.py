@@ -15,6 +15,20 @@ class OffsetOutOfRangeError(Exception):
         self.log_end_offset = log_end_offset
 
 
+class OffsetMovedToTieredStorageError(OffsetOutOfRangeError):
+    """A read below the local log start of a tiered log, whose records are in the remote store
+    (KIP-405). Consumers read them from there; a follower gets
+    OFFSET_MOVED_TO_TIERED_STORAGE."""
+
+    def __init__(self, offset: int, log_start_offset: int, local_log_start_offset: int) -> None:
+        super().__init__(offset, log_start_offset, local_log_start_offset)
+        self.args = (
+            f"offset {offset} is in the remote store: the log starts at {log_start_offset}, "
+            f"its local part at {local_log_start_offset}",
+        )
+        self.local_log_start_offset = local_log_start_offset
+
+
 class MessageTooLargeError(Exception):
     """A batch larger than max.message.bytes. Kafka: MESSAGE_TOO_LARGE."""
 

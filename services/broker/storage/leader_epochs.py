@@ -64,7 +64,7 @@ class LeaderEpochCache:
         except (OSError, UnicodeDecodeError) as exc:
             raise StorageError(f"cannot read leader epoch checkpoint {path}: {exc}") from exc
         try:
-            entries = _parse(text)
+            entries = parse_checkpoint(text)
         except ValueError as exc:
             raise StorageError(f"malformed leader epoch checkpoint {path}: {exc}") from exc
         return cls(path, entries)
@@ -99,6 +99,13 @@ class LeaderEpochCache:
         if after == 0:
             return epoch, entries[0].start_offset
         return entries[after - 1].epoch, entries[after].start_offset
+
+    def epoch_for(self, offset: int) -> int:
+        """The epoch the record at `offset` was written in (the last entry starting at or
+        before it); -1 when no entry does."""
+        entries = self._entries
+        found = bisect_right(entries, offset, key=_start_of)
+        return entries[found - 1].epoch if found else UNDEFINED_EPOCH
 
     # Changing ----------------------------------------------------------------------------
 
@@ -196,7 +203,8 @@ def _check_monotonic(entries: list[EpochEntry]) -> None:
         assert before.epoch < after.epoch and before.start_offset < after.start_offset, entries
 
 
-def _parse(text: str) -> list[EpochEntry]:
+def parse_checkpoint(text: str) -> list[EpochEntry]:
+    """The entries of a leader-epoch-checkpoint file's text (ValueError if malformed)."""
     lines = text.splitlines()
     if len(lines) < 2:
         raise ValueError("missing version or entry count line")

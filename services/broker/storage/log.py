@@ -14,6 +14,12 @@ see leader_epochs.py), kept in step with appends, truncation and retention, Kafk
 producers' state (`<offset>.snapshot`, see producer_state.py), checked before a producer
 append writes anything and snapshotted when a segment rolls and when the log closes.
 
+A tiered log (KIP-405, docs/tiering.md) also has remote index files in its directory,
+which its tiering service writes: its log start may then lie below its first local
+segment (the records between are in the remote store; `read` raises
+OffsetMovedToTieredStorageError for them), and retention deletes a local segment only
+once the remote indexes hold its records.
+
 Invariants: offsets are dense for producer appends and never go back; log start <= high
 watermark <= log end; recovery point <= log end; the head segment is the last one; no
 leader epoch entry starts past the log end.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import struct
 import threading
 import time
@@ -44,14 +51,20 @@ from directlog.records.batch import (
 )
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
+from directlog.remote.index import CorruptIndexError, RemoteIndex, has_remote_index
 from directlog.topic_config import LogConfig
 from services.broker.storage.errors import (
+    OffsetMovedToTieredStorageError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
     ReservationStateError,
     StorageError,
 )
-from services.broker.storage.leader_epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
+from services.broker.storage.leader_epochs import (
+    LEADER_EPOCH_CHECKPOINT,
+    EpochEntry,
+    LeaderEpochCache,
+)
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
@@ -70,6 +83,8 @@ from services.broker.storage.segment import (
     finish_interrupted_swaps,
 )
 from services.broker.storage.validator import AppendPlan, plan_append
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
 _PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
@@ -147,6 +162,7 @@ class PartitionLog:
         leader_epochs: LeaderEpochCache,
         topic_id: uuid.UUID | None = None,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+        tiered: bool = False,
     ) -> None:
         assert segments, "a log always has a head segment"
         self.directory = directory
@@ -166,6 +182,12 @@ class PartitionLog:
         self.producers = ProducerStateManager(producer_id_expiration_ms)
         self._producer_snapshots = ProducerSnapshotFiles(directory)
         self.listeners: list[LogListener] = []
+        # Tiered storage: the remote indexes (read-only here) and the offset after the last
+        # record they hold (-1: none). `tiered` stays once the log has had remote indexes.
+        self.tiered = tiered
+        self.remote: RemoteIndex | None = None
+        self.remote_end_offset = -1
+        self._start_unchecked = False  # see `open`'s config_pending
 
     # Opening ---------------------------------------------------------------------------
 
@@ -181,8 +203,15 @@ class PartitionLog:
         clean_shutdown: bool = False,
         clock: Clock = wall_clock_ms,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+        config_pending: bool = False,
     ) -> PartitionLog:
         """Open or create the log in `directory`.
+
+        A log start below the first segment is raised to it (a crash after retention can
+        leave the checkpoint behind), unless the log is tiered (remote indexes in the
+        directory, or `config` says so), whose records below are in the remote store. With
+        `config_pending` (a broker opening its logs before it knows their topics' configs)
+        that check waits for `configure`.
 
         After an unclean shutdown every segment holding offsets at or above
         `recovery_point` is validated batch by batch; the log is cut after the last valid
@@ -238,10 +267,13 @@ class PartitionLog:
         if config.preallocate:
             segments[-1].log.preallocate(config.segment_bytes)
         log_end = segments[-1].next_offset
-        start = min(max(log_start_offset, segments[0].base_offset), log_end)
+        local_start = max(log_start_offset, segments[0].base_offset)
+        tiered = has_remote_index(directory) or config.remote_storage_enable
+        keep = tiered or config_pending
+        start = min(max(log_start_offset, 0) if keep else local_start, log_end)
         point = log_end if not clean_shutdown else min(recovery_point, log_end)
         leader_epochs.truncate_from_end(log_end)
-        leader_epochs.truncate_from_start(start)
+        leader_epochs.truncate_from_start(min(local_start, log_end))
         opened = cls(
             directory,
             config,
@@ -253,9 +285,13 @@ class PartitionLog:
             leader_epochs=leader_epochs,
             topic_id=topic_id,
             producer_id_expiration_ms=producer_id_expiration_ms,
+            tiered=tiered,
         )
+        opened._start_unchecked = config_pending and not tiered
         opened._producer_snapshots.delete_below(start)
         opened._load_producer_state()
+        if tiered:
+            opened.refresh_remote()
         return opened
 
     # State -----------------------------------------------------------------------------
@@ -263,6 +299,11 @@ class PartitionLog:
     @property
     def log_end_offset(self) -> int:
         return self._segments[-1].next_offset
+
+    @property
+    def local_log_start_offset(self) -> int:
+        """The first offset a local segment serves (the log start unless the log is tiered)."""
+        return max(self.log_start_offset, self._segments[0].base_offset)
 
     @property
     def segments(self) -> list[LogSegment]:
@@ -292,6 +333,17 @@ class PartitionLog:
                 )
             write_partition_metadata(self.directory, topic_id)
             self.topic_id = topic_id
+
+    def configure(self, config: LogConfig) -> None:
+        """Take the topic's (new) config; the first one after an open with config_pending
+        settles the log start (see `open`)."""
+        with self._lock:
+            self.config = config
+            self.tiered = self.tiered or config.remote_storage_enable
+            if self._start_unchecked:
+                self._start_unchecked = False
+                if not self.tiered and self.log_start_offset < self._segments[0].base_offset:
+                    self._start_at(self._segments[0].base_offset)
 
     def update_high_watermark(self, offset: int) -> int:
         """Move the high watermark, kept within [log start, log end]; returns it."""
@@ -650,7 +702,12 @@ class PartitionLog:
         next open rebuilds only from there; keep only the snapshots still worth having."""
         end = self.log_end_offset
         self._producer_snapshots.write(end, self.producers.snapshot(end))
-        self._producer_snapshots.retain(min(self.recovery_point, self.high_watermark))
+        # A tiered log keeps the snapshot at the end of every segment not yet copied: the
+        # tiering service ships it with the segment.
+        uncopied = self.remote_end_offset if self.config.remote_storage_enable else None
+        self._producer_snapshots.retain(
+            min(self.recovery_point, self.high_watermark), keep_from=uncopied
+        )
 
     # Rolling ---------------------------------------------------------------------------
 
@@ -722,6 +779,9 @@ class PartitionLog:
             first = max(bisect_right(self._bases, offset) - 1, 0)
             segments = self._segments[first : first + 2]  # the offset lies in these two at most
             start, end, hw = self.log_start_offset, self.log_end_offset, self.high_watermark
+            local = self.local_log_start_offset
+        if start <= offset < local:
+            raise OffsetMovedToTieredStorageError(offset, start, local)
         if not start <= offset <= end:
             raise OffsetOutOfRangeError(offset, start, end)
         upper = end if upper_offset is None else min(upper_offset, end)
@@ -834,40 +894,141 @@ class PartitionLog:
     def delete_retained_segments(self) -> int:
         """Delete whole segments past retention.ms or beyond retention.bytes, oldest first,
         never above the high watermark, unless cleanup.policy leaves out `delete` (a
-        compacted log keeps its segments). Returns how many were deleted."""
+        compacted log keeps its segments). With remote storage on, only segments the remote
+        indexes hold go, by the local retention (`_delete_copied_segments`). Returns how
+        many were deleted."""
         with self._lock:
             if self._pending or not self.config.delete_by_retention:
                 return 0
-            now = self._clock()
+            if self.config.remote_storage_enable:
+                return self._delete_copied_segments()
             config = self.config
             # Without a size limit the excess is negative, so even an empty segment (the
             # cleaner may leave one at the log start) goes only once retention.ms passes.
             excess = self.size_bytes - config.retention_bytes if config.retention_bytes >= 0 else -1
-            doomed = 0
-            for segment in self._segments:
-                head = segment is self._segments[-1]
-                if (head and segment.is_empty()) or segment.next_offset > self.high_watermark:
-                    break
-                expired = (
-                    config.retention_ms >= 0
-                    and now - segment.largest_timestamp() > config.retention_ms
-                )
-                if not expired and excess < segment.size:
-                    break
-                excess -= segment.size
-                doomed += 1
+            doomed = self._count_doomed(lambda segment: (config.retention_ms, excess))
             if doomed == 0:
                 return 0
-            if doomed == len(self._segments):
-                self.roll()
-            self._delete_first(doomed)
+            self._delete_oldest(doomed)
             self._start_at(max(self.log_start_offset, self._segments[0].base_offset))
             return doomed
 
+    def _delete_copied_segments(self) -> int:
+        """Retention of a tiered log's local part: a segment goes once the remote indexes
+        hold all its records and it is past local.retention.ms or beyond
+        local.retention.bytes (-2: retention.*). The log start stays: its records are
+        remote. With remote.log.copy.disable, segments never copied go by retention.ms and
+        retention.bytes (nothing else would ever delete them), moving the log start."""
+        config = self.config
+        local_bytes = config.effective_local_retention_bytes
+        local_excess = self.size_bytes - local_bytes if local_bytes >= 0 else -1
+        total_excess = (
+            self.size_bytes - config.retention_bytes if config.retention_bytes >= 0 else -1
+        )
+
+        def limits(segment: LogSegment) -> tuple[int, int] | None:
+            if segment.next_offset <= self.remote_end_offset:
+                return config.effective_local_retention_ms, local_excess
+            if config.remote_log_copy_disable:
+                return config.retention_ms, total_excess
+            return None  # not copied yet: it stays
+
+        doomed = self._count_doomed(limits)
+        if doomed == 0:
+            return 0
+        self._delete_oldest(doomed)
+        local_start = self._segments[0].base_offset
+        if self.remote_end_offset < local_start:  # what lies between is gone everywhere
+            self._start_at(max(self.log_start_offset, local_start))
+        else:
+            self.leader_epochs.truncate_from_start(local_start)
+            self._producer_snapshots.delete_below(local_start)
+        return doomed
+
+    def _count_doomed(self, limits: Callable[[LogSegment], tuple[int, int] | None]) -> int:
+        """How many segments from the oldest are past their retention: `limits` gives each
+        its (retention.ms, bytes over the size limit when the walk reaches it, -1 without a
+        limit), or None to stop. The head goes only when it holds records, and no segment
+        holding offsets at or above the high watermark goes."""
+        now = self._clock()
+        doomed = 0
+        removed = 0
+        for segment in self._segments:
+            head = segment is self._segments[-1]
+            if (head and segment.is_empty()) or segment.next_offset > self.high_watermark:
+                break
+            limit = limits(segment)
+            if limit is None:
+                break
+            retention_ms, excess = limit
+            expired = retention_ms >= 0 and now - segment.largest_timestamp() > retention_ms
+            if not expired and (excess < 0 or excess - removed < segment.size):
+                break
+            removed += segment.size
+            doomed += 1
+        return doomed
+
+    def _delete_oldest(self, count: int) -> None:
+        if count == len(self._segments):
+            self.roll()
+        self._delete_first(count)
+
+    def refresh_remote(self) -> bool:
+        """Read the remote indexes again (the tiering service changed them) and take the
+        offset after the last record they hold; False, the last reading kept, when they
+        cannot be read (logged: the tiering service repairs them at its next start)."""
+        try:
+            if self.remote is None:
+                if not has_remote_index(self.directory):
+                    return True
+                self.remote = RemoteIndex.open(self.directory)
+            else:
+                self.remote.refresh()
+        except (CorruptIndexError, OSError) as exc:
+            log.warning("remote indexes of %s unreadable: %s", self.directory, exc)
+            return False
+        with self._lock:
+            self.tiered = True
+            self.remote_end_offset = self.remote.end_offset
+        return True
+
+    def restart_from_remote(
+        self,
+        offset: int,
+        log_start_offset: int,
+        epochs: Sequence[EpochEntry],
+        producer_snapshot: bytes | None,
+    ) -> None:
+        """A follower whose leader keeps the records below `offset` only in the remote store
+        (KIP-405's OFFSET_MOVED_TO_TIERED_STORAGE): drop all local data and restart empty at
+        `offset`, with the log start at `log_start_offset` (the leader's, <= offset), the
+        leader epochs of the records before it and the idempotent producers' state there,
+        both as the remote segment ending there recorded them. A snapshot that does not
+        check out (ValueError) leaves the log unchanged."""
+        if not 0 <= log_start_offset <= offset:
+            raise ValueError(f"log start {log_start_offset} above the restart at {offset}")
+        with self._lock:
+            restored = ProducerStateManager(self.producers.expiration_ms)
+            if producer_snapshot is not None:
+                restored.restore(offset, producer_snapshot)
+            self._discard_pending(0)
+            self._reset_at(offset)
+            self.tiered = True
+            self.log_start_offset = log_start_offset
+            for entry in epochs:
+                if entry.start_offset < offset and entry.epoch > self.leader_epochs.latest_epoch:
+                    self.leader_epochs.assign(entry.epoch, entry.start_offset)
+            self.leader_epochs.truncate_from_start(log_start_offset)
+            restored.drop_before(log_start_offset)
+            self.producers = restored
+            self._producer_snapshots.write(offset, restored.snapshot(offset))
+
     def advance_log_start(self, offset: int) -> bool:
         """DeleteRecords: records below `offset` are no longer served, and the segments wholly
-        below it are deleted (the head segment stays). `offset` may not pass the high
-        watermark (OffsetOutOfRangeError). Returns whether the log start moved."""
+        below it are deleted (the head segment stays); on a tiered log it may lie below the
+        first local segment (the tiering service deletes the remote records below it).
+        `offset` may not pass the high watermark (OffsetOutOfRangeError). Returns whether
+        the log start moved."""
         with self._lock:
             if not 0 <= offset <= self.high_watermark:
                 raise OffsetOutOfRangeError(offset, self.log_start_offset, self.high_watermark)
@@ -964,6 +1125,8 @@ class PartitionLog:
             head.flush()
             for segment in self._segments:
                 segment.close()
+            if self.remote is not None:
+                self.remote.close()
 
     def delete(self) -> None:
         with self._lock:
@@ -971,6 +1134,8 @@ class PartitionLog:
             for segment in self._segments:
                 segment.delete()
             self._segments.clear()
+            if self.remote is not None:
+                self.remote.close()
         for leftover in self.directory.iterdir():
             leftover.unlink()
         self.directory.rmdir()

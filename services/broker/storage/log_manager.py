@@ -85,9 +85,12 @@ class LogManager:
         *,
         clock: Clock = wall_clock_ms,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+        configs_pending: bool = False,
     ) -> LogManager:
         """Take the directory, load every partition log (recovering them if the last
-        shutdown was not clean) and remove the clean-shutdown marker."""
+        shutdown was not clean) and remove the clean-shutdown marker. With
+        `configs_pending`, `config_for` does not know the topics yet (a broker before its
+        first cluster image): each log waits for its `configure` (PartitionLog.open)."""
         log_dir.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -102,10 +105,10 @@ class LogManager:
             lock_fd,
             producer_id_expiration_ms,
         )
-        manager._load()
+        manager._load(configs_pending)
         return manager
 
-    def _load(self) -> None:
+    def _load(self, configs_pending: bool) -> None:
         marker = self.log_dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
         remove_temporaries(self.log_dir)
@@ -125,6 +128,7 @@ class LogManager:
                 clean_shutdown=clean,
                 clock=self._clock,
                 producer_id_expiration_ms=self._producer_id_expiration_ms,
+                config_pending=configs_pending,
             )
         if not clean and self.logs:
             log.info(

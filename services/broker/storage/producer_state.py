@@ -401,13 +401,16 @@ class ProducerSnapshotFiles:
     def delete_all(self) -> None:
         self._delete(list(self.offsets))
 
-    def retain(self, floor: int) -> None:
-        """Keep the SNAPSHOTS_KEPT newest and the newest at or below `floor` (the point a
-        crash recovery or a truncation to the high watermark may fall back to)."""
+    def retain(self, floor: int, keep_from: int | None = None) -> None:
+        """Keep the SNAPSHOTS_KEPT newest, the newest at or below `floor` (the point a crash
+        recovery or a truncation to the high watermark may fall back to) and, with
+        `keep_from`, every one above it (a tiered log's segment ends not yet copied)."""
         keep = set(self.offsets[-SNAPSHOTS_KEPT:])
         below = [o for o in self.offsets if o <= floor]
         if below:
             keep.add(below[-1])
+        if keep_from is not None:
+            keep.update(o for o in self.offsets if o > keep_from)
         self._delete([o for o in self.offsets if o not in keep])
 
     def _delete(self, offsets: list[int]) -> None:

@@ -1,0 +1,407 @@
+"""Tiered storage (KIP-405) against what it replaces and against the store's own speed.
+
+    python -m bench.tiering [--quick]
+
+Three figures, each measured side by side in one run, on clusters of tests/e2e/cluster.py
+(consensus member, controller, brokers and tiering services as subprocesses on loopback):
+
+* rebuild (the seed's test case 3): a follower of a one-partition RF=2 topic holding
+  `--rebuild-mb` of data is stopped, its disk wiped, and started again; measured are the
+  record bytes it fetches from the leader (its pulled-bytes counter) and the time from its
+  registration (its log line) until the leader's metadata shows it in the ISR again, with
+  tiering (local.retention.bytes=0: only the head segment is local) and without, the same
+  data retained. Goal: at least 100x fewer bytes and 100x less time.
+* catch-up read: confluent-kafka reads a tiered topic from offset 0, every record from the
+  remote store through the broker, against the store's own ranged-read rate through
+  pyarrow for the same objects and ranges (the remoteLogIndex entries' ranges, read in
+  order). For `file://` both are measured with the objects out of the page cache
+  (posix_fadvise DONTNEED, as a store's disks would be) and again warm; `s3://` is moto's
+  server. Goal: at least 0.5 of the store's rate.
+* produce latency: p99 of acks=all sends to an RF=3 topic, one in flight, while a
+  background producer keeps the tiered topic's segments rolling and its tiering services
+  copying, against the same load on a cluster without tiering. Goal: at most 1.1x.
+
+The output closes with one JSON line; the same JSON goes to bench/results/tiering.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as CTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from bench.processes import keep_freed_heap
+from directlog.remote.index import RemoteIndex
+from directlog.remote.store import RemoteStore, StoreConfig
+from tests.e2e.cluster import Cluster, wait_for
+from tests.s3_server import S3Server
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TIERING = {"interval_ms": 200, "follower_sync_interval_ms": 500}
+VALUE_BYTES = 32 * 1024
+TIMEOUT = 600.0
+REGISTERED = re.compile(r"^(\S+ \S+) INFO services\.broker\.controller_link: registered", re.M)
+
+
+class BenchError(Exception):
+    pass
+
+
+# Helpers ---------------------------------------------------------------------------------
+
+
+def create(bootstrap: str, topic: str, replication: int, configs: dict[str, str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, replication, config=configs)])[topic].result(60)
+    wait_for(lambda: isr(bootstrap, topic) == replication, 60, f"{topic}'s ISR")
+
+
+def isr(bootstrap: str, topic: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partition = admin.list_topics(topic, timeout=10).topics[topic].partitions.get(0)
+    return len(partition.isrs) if partition is not None else 0
+
+
+def leader(bootstrap: str, topic: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
+
+
+def fill(bootstrap: str, topic: str, total_bytes: int) -> int:
+    """Produce `total_bytes` of 32 KiB values (acks=all); returns the records sent."""
+    client = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1 << 20}
+    )
+    value = os.urandom(VALUE_BYTES)
+    count = total_bytes // VALUE_BYTES
+    for _ in range(count):
+        while True:
+            try:
+                client.produce(topic, value, partition=0)
+                break
+            except BufferError:
+                client.poll(0.005)
+        client.poll(0)
+    if client.flush(TIMEOUT):
+        raise BenchError(f"{topic}: sends left unacknowledged")
+    return count
+
+
+def sample(cluster: Cluster, node: int, name: str, **labels: str) -> float:
+    return cluster.brokers[node].total(name, **labels)
+
+
+def registered_at(cluster: Cluster, node: int) -> float:
+    """Wall time of the broker's last registration, from its log."""
+    found = REGISTERED.findall(cluster.brokers[node].stderr_text())
+    if not found:
+        raise BenchError(f"broker {node} never registered")
+    return datetime.strptime(found[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def tiered_configs() -> dict[str, str]:
+    return {
+        "remote.storage.enable": "true",
+        "local.retention.bytes": "0",
+        "retention.ms": "-1",
+        "segment.bytes": str(16 << 20),
+    }
+
+
+# Rebuild ---------------------------------------------------------------------------------
+
+
+def rebuild(work: Path, data_mb: int, tiered: bool) -> dict[str, float]:
+    """Wipe the follower and time it back into the ISR."""
+    settings = {"remote": f"file://{work}/remote", **TIERING} if tiered else None
+    with Cluster(work, brokers=2, tiering=settings) as cluster:
+        configs = tiered_configs() if tiered else {"retention.ms": "-1"}
+        configs["segment.bytes"] = str(16 << 20)
+        create(cluster.bootstrap, "rebuild", 2, configs)
+        fill(cluster.bootstrap, "rebuild", data_mb << 20)
+        lead = leader(cluster.bootstrap, "rebuild")
+        follower = 1 - lead
+        if tiered:
+            for node in (lead, follower):
+                wait_for(
+                    lambda node=node: (
+                        local_start(cluster, node) > 0 and local_bytes(cluster, node) < 64 << 20
+                    ),
+                    TIMEOUT,
+                    f"broker {node} keeping only its local tail",
+                )
+        retained = log_end(cluster, lead)
+        broker = cluster.brokers[follower]
+        if tiered:
+            cluster.tierings[follower].stop()
+        broker.stop()
+        shutil.rmtree(broker.data_dir)
+        broker.start()
+        if tiered:
+            cluster.tierings[follower].start()
+        wait_for(lambda: isr(cluster.bootstrap, "rebuild") == 2, TIMEOUT, "the ISR complete")
+        back = time.time()
+        pulled = sample(cluster, follower, "directlog_broker_replica_pulled_bytes_total")
+        seconds = back - registered_at(cluster, follower)
+        local = local_bytes(cluster, lead)
+    return {
+        "records": retained,
+        "leader_local_MB": round(local / 1e6, 1),
+        "pulled_MB": round(pulled / 1e6, 3),
+        "seconds": round(seconds, 3),
+    }
+
+
+def local_start(cluster: Cluster, node: int) -> float:
+    return sample(cluster, node, "directlog_broker_local_log_start_offset", topic="rebuild")
+
+
+def local_bytes(cluster: Cluster, node: int) -> float:
+    return sample(cluster, node, "directlog_broker_log_size_bytes", topic="rebuild")
+
+
+def log_end(cluster: Cluster, node: int) -> int:
+    return int(sample(cluster, node, "directlog_broker_log_end_offset", topic="rebuild"))
+
+
+# Catch-up read ---------------------------------------------------------------------------
+
+
+def catch_up(work: Path, data_mb: int, store_kind: str, s3: S3Server | None) -> dict[str, float]:
+    if store_kind == "file":
+        remote = {"remote": f"file://{work}/remote"}
+    else:
+        assert s3 is not None
+        remote = {"remote": f"s3://{s3.bucket}/{work.name}", **s3.settings}
+    with Cluster(work, tiering={**remote, **TIERING}) as cluster:
+        create(cluster.bootstrap, "history", 1, tiered_configs())
+        count = fill(cluster.bootstrap, "history", data_mb << 20)
+        broker = cluster.brokers[0]
+        wait_for(
+            lambda: (
+                broker.total("directlog_broker_local_log_start_offset", topic="history")
+                >= count - (16 << 20) // VALUE_BYTES - 1
+            ),
+            TIMEOUT,
+            "the history tiered",
+        )
+        directory = broker.data_dir / "history-0"
+        index = RemoteIndex.open(directory)
+        local_start = int(broker.total("directlog_broker_local_log_start_offset", topic="history"))
+        entries = [e for e in index if e.first_offset < local_start]
+        index.close()
+        store = RemoteStore(StoreConfig(**_store_fields(remote)))
+        remote_bytes = sum(e.data_length for e in entries)
+        figures: dict[str, float] = {"remote_MB": round(remote_bytes / 1e6, 1)}
+        temperatures = ("cold", "warm") if store_kind == "file" else ("server",)
+        for temperature in temperatures:
+            if temperature == "cold":
+                evict(work / "remote")
+            store_rate = read_store(store, entries) / 1e6
+            if temperature == "cold":
+                evict(work / "remote")
+            broker_rate = read_broker(cluster.bootstrap, "history", local_start)
+            figures[f"{temperature}_store_MBps"] = round(store_rate, 1)
+            figures[f"{temperature}_broker_MBps"] = round(broker_rate / 1e6, 1)
+            figures[f"{temperature}_ratio"] = round(broker_rate / 1e6 / store_rate, 3)
+    return figures
+
+
+def _store_fields(remote: dict[str, str]) -> dict[str, str]:
+    """StoreConfig's fields from the tiering service's."""
+    return {"uri" if k == "remote" else k: v for k, v in remote.items()}
+
+
+def evict(directory: Path) -> None:
+    """Drop the objects' pages from the page cache: a store's data is on its own disks."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def read_store(store: RemoteStore, entries: list[Any]) -> float:
+    """Bytes/s of the entries' ranges read one after the other through pyarrow."""
+    start = time.perf_counter()
+    total = 0
+    for entry in entries:
+        key = store.key_of(entry.rdi.uri)
+        total += len(store.read(key, entry.rdi.position, entry.rdi.length))
+    return total / (time.perf_counter() - start)
+
+
+def read_broker(bootstrap: str, topic: str, upto: int) -> float:
+    """Bytes/s of record values read by confluent-kafka from offset 0 to `upto`."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"catch-up-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 << 20,
+        }
+    )
+    consumer.assign([CTopicPartition(topic, 0, 0)])
+    start = time.perf_counter()
+    got = 0
+    value_bytes = 0
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while got < upto and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=1):
+                if message.error() is not None:
+                    raise BenchError(str(message.error()))
+                got += 1
+                value_bytes += len(message.value())
+    finally:
+        consumer.close()
+    if got < upto:
+        raise BenchError(f"{topic}: {got}/{upto} records read back")
+    return value_bytes / (time.perf_counter() - start)
+
+
+# Produce latency --------------------------------------------------------------------------
+
+
+def produce_latency(work: Path, tiered: bool, samples: int) -> dict[str, float]:
+    settings = {"remote": f"file://{work}/remote", **TIERING} if tiered else None
+    with Cluster(work, brokers=3, tiering=settings) as cluster:
+        configs = {"min.insync.replicas": "2", "segment.bytes": str(4 << 20)}
+        if tiered:
+            configs = {**tiered_configs(), **configs}
+        create(cluster.bootstrap, "load", 3, configs)
+        create(cluster.bootstrap, "probe", 3, {"min.insync.replicas": "2"})
+        stop = threading.Event()
+        background = threading.Thread(target=load, args=(cluster.bootstrap, stop), daemon=True)
+        background.start()
+        try:
+            latencies = probe(cluster.bootstrap, samples)
+        finally:
+            stop.set()
+            background.join(60)
+        copied = sum(
+            t.total("directlog_tiering_copied_segments_total") for t in cluster.tierings.values()
+        )
+    latencies.sort()
+    return {
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3),
+        "segments_copied": copied,
+    }
+
+
+def load(bootstrap: str, stop: threading.Event) -> None:
+    """About 8 MB/s of 32 KiB values: segments roll every half second."""
+    client = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    value = os.urandom(VALUE_BYTES)
+    while not stop.is_set():
+        for _ in range(32):
+            client.produce("load", value, partition=0)
+        client.poll(0)
+        time.sleep(0.125)
+    client.flush(60)
+
+
+def probe(bootstrap: str, count: int) -> list[float]:
+    client = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    client.produce("probe", b"warm", partition=0)
+    client.flush(30)
+    samples = []
+    for _ in range(count):
+        done: list[Any] = []
+        start = time.perf_counter()
+        client.produce(
+            "probe", b"x" * 100, partition=0, on_delivery=lambda e, m, done=done: done.append(e)
+        )
+        while not done:
+            client.poll(0.0005)
+        samples.append(time.perf_counter() - start)
+        if done[0] is not None:
+            raise BenchError(str(done[0]))
+        time.sleep(0.002)
+    return samples
+
+
+# Run ----------------------------------------------------------------------------------------
+
+
+def run(quick: bool, rebuild_mb: int, read_mb: int, samples: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-tiering-") as name:
+        root = Path(name)
+        without = rebuild(root / "rebuild-local", rebuild_mb, tiered=False)
+        with_tiering = rebuild(root / "rebuild-tiered", rebuild_mb, tiered=True)
+        figures["rebuild_without"] = without
+        figures["rebuild_with"] = with_tiering
+        figures["rebuild_bytes_ratio"] = round(
+            without["pulled_MB"] / max(with_tiering["pulled_MB"], 1e-6), 1
+        )
+        figures["rebuild_time_ratio"] = round(
+            without["seconds"] / max(with_tiering["seconds"], 1e-6), 1
+        )
+        print(
+            f"rebuild, {rebuild_mb} MB retained: without tiering {without['pulled_MB']} MB "
+            f"in {without['seconds']} s; with tiering {with_tiering['pulled_MB']} MB in "
+            f"{with_tiering['seconds']} s: {figures['rebuild_bytes_ratio']}x fewer bytes, "
+            f"{figures['rebuild_time_ratio']}x less time (goal 100x, 100x)",
+            flush=True,
+        )
+        shutil.rmtree(root / "rebuild-local", ignore_errors=True)
+        shutil.rmtree(root / "rebuild-tiered", ignore_errors=True)
+        figures["catch_up_file"] = catch_up(root / "read-file", read_mb, "file", None)
+        with S3Server(root / "s3") as s3:
+            figures["catch_up_s3"] = catch_up(
+                root / "read-s3", min(read_mb, 128 if quick else 256), "s3", s3
+            )
+        for kind in ("file", "s3"):
+            print(f"catch-up read, {kind}: {figures[f'catch_up_{kind}']} (goal ratio >= 0.5)")
+        off = produce_latency(root / "latency-off", False, samples)
+        on = produce_latency(root / "latency-on", True, samples)
+        figures["produce_latency_off"] = off
+        figures["produce_latency_on"] = on
+        figures["produce_p99_ratio"] = round(on["p99_ms"] / off["p99_ms"], 3)
+        print(
+            f"produce acks=all RF=3: p99 {on['p99_ms']} ms with tiering copying "
+            f"({on['segments_copied']:.0f} segments) against {off['p99_ms']} ms without: "
+            f"{figures['produce_p99_ratio']}x (goal <= 1.1)",
+            flush=True,
+        )
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.tiering", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="less data, fewer samples")
+    parser.add_argument("--rebuild-mb", type=int)
+    parser.add_argument("--read-mb", type=int)
+    parser.add_argument("--samples", type=int)
+    args = parser.parse_args(argv)
+    keep_freed_heap()
+    figures = run(
+        args.quick,
+        args.rebuild_mb or (512 if args.quick else 4096),
+        args.read_mb or (256 if args.quick else 1024),
+        args.samples or (500 if args.quick else 3000),
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "tiering.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

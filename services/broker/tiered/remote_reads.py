@@ -1,0 +1,332 @@
+"""Reads of a tiered log's remote records for fetches and offset lookups (KIP-405).
+
+A fetch below a partition's local log start is answered from the remote store: the remote
+indexes (PartitionLog.remote) say which byte ranges of which objects hold the offsets, the
+ranges are read through pyarrow.fs on a bounded pool of threads (Kafka's
+remote.log.reader.threads and remote.log.reader.max.pending.tasks), and every batch is
+checked before it is served: its CRC, and that the batches are exactly the ones the index
+entry promises. The answer is the bytes a local read of the same log would give: whole
+batches from the one holding the offset, at most max bytes but at least one.
+
+A fetch waits for its read at most remote.fetch.max.wait.ms, then answers without it; the
+read goes on, and the client's next fetch of that offset takes its result. After each read
+the next range is read ahead, so a consumer catching up finds it waiting. Reads never run
+on the event loop, so other consumers are not held up by one in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.records.batch import decode_records, iter_batches, verify_crc
+from directlog.records.errors import CorruptRecordError, RecordError
+from directlog.remote.index import CorruptIndexError, IndexEntry
+from directlog.remote.store import RemoteStore
+from directlog.topics import TopicPartition
+from services.broker.metrics import BrokerMetrics
+from services.broker.storage import PartitionLog
+from services.broker.storage.validator import MAX_DECOMPRESSED
+
+log = logging.getLogger(__name__)
+
+STALE_SECONDS = 30.0  # a finished read no fetch took is dropped after this long
+READ_AHEAD_MAX_BYTES = 8 << 20
+
+
+class RemoteDataCorruptError(CorruptRecordError):
+    """Remote bytes that are not the batches their index entry promises. CORRUPT_MESSAGE."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRead:
+    records: bytes  # whole batches, from the one holding the offset asked for
+    first_offset: int  # base offset of the first batch
+    next_offset: int  # the offset after the last batch
+
+    @property
+    def offsets(self) -> int:
+        return max(self.next_offset - self.first_offset, 0)
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[RemoteRead]
+    started: float
+    max_bytes: int
+
+
+class RemoteReader:
+    def __init__(
+        self, store: RemoteStore, threads: int, max_pending: int, metrics: BrokerMetrics
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._max_pending = max_pending
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="remote-read")
+        self._pending: OrderedDict[tuple[TopicPartition, int], _Pending] = OrderedDict()
+        self._reported: set[tuple[TopicPartition, str]] = set()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # Fetches ---------------------------------------------------------------------------------
+
+    async def read(
+        self,
+        tp: TopicPartition,
+        partition_log: PartitionLog,
+        offset: int,
+        max_bytes: int,
+        *,
+        min_one_batch: bool,
+        wait: float,
+    ) -> RemoteRead | None:
+        """Remote records from `offset`; None when they are not read within `wait` seconds
+        (the read goes on for the next fetch). Raises KafkaError KAFKA_STORAGE_ERROR when
+        the store fails or the remote indexes cannot be trusted (retriable) and
+        CORRUPT_MESSAGE for remote data that fails its checks: logged once, never served."""
+        self._drop_stale()
+        key = (tp, offset)
+        pending = self._pending.get(key)
+        if pending is None or (pending.future.done() and pending.max_bytes < max_bytes):
+            pending = self._start(tp, partition_log, offset, max_bytes)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(pending.future), wait)
+        except TimeoutError:
+            return None
+        except KafkaError:
+            self._pending.pop(key, None)
+            raise
+        self._pending.pop(key, None)
+        result = _trimmed(result, max_bytes, min_one_batch)
+        if result.records:
+            self._read_ahead(tp, partition_log, result.next_offset, max_bytes)
+        return result
+
+    def _start(
+        self, tp: TopicPartition, partition_log: PartitionLog, offset: int, max_bytes: int
+    ) -> _Pending:
+        if len(self._pending) >= self._max_pending:
+            raise KafkaError(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"{self._max_pending} remote reads already pending; {tp} must wait",
+            )
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            self._pool, self._read_blocking, tp, partition_log, offset, max_bytes
+        )
+        wrapped: asyncio.Future[RemoteRead] = loop.create_future()
+
+        def settle(done: asyncio.Future[RemoteRead]) -> None:
+            if wrapped.done():
+                return
+            error = done.exception()
+            if error is None:
+                wrapped.set_result(done.result())
+            else:
+                wrapped.set_exception(self._failed(tp, error))
+
+        future.add_done_callback(settle)
+        wrapped.add_done_callback(lambda f: f.exception())  # a result nobody takes is fine
+        pending = _Pending(wrapped, time.monotonic(), max_bytes)
+        self._pending[(tp, offset)] = pending
+        return pending
+
+    def _read_ahead(
+        self, tp: TopicPartition, partition_log: PartitionLog, offset: int, max_bytes: int
+    ) -> None:
+        """Start reading the next range if it is remote too and the pool has room."""
+        if (
+            offset < partition_log.local_log_start_offset
+            and (tp, offset) not in self._pending
+            and len(self._pending) < self._max_pending // 2
+        ):
+            self._start(tp, partition_log, offset, min(max_bytes, READ_AHEAD_MAX_BYTES))
+
+    def _drop_stale(self) -> None:
+        now = time.monotonic()
+        while self._pending:
+            key, oldest = next(iter(self._pending.items()))
+            if now - oldest.started < STALE_SECONDS or not oldest.future.done():
+                break
+            del self._pending[key]
+
+    def _failed(self, tp: TopicPartition, error: BaseException) -> KafkaError:
+        """The error a fetch gets, logged once per partition and kind of fault."""
+        self.metrics.remote_fetch_errors.labels(tp.topic).inc()
+        if isinstance(error, KafkaError):
+            code = error.code
+        elif isinstance(error, CorruptRecordError):
+            code = ErrorCode.CORRUPT_MESSAGE
+        else:
+            code = ErrorCode.KAFKA_STORAGE_ERROR
+        if (tp, code.name) not in self._reported:
+            self._reported.add((tp, code.name))
+            log.warning("%s: remote read failed (%s): %s", tp, code.name, error)
+        return KafkaError(code, f"{tp}: remote read failed: {error}")
+
+    def _read_blocking(
+        self, tp: TopicPartition, partition_log: PartitionLog, offset: int, max_bytes: int
+    ) -> RemoteRead:
+        started = time.perf_counter()
+        entries = _entries(partition_log, offset, max_bytes)
+        data = self.read_entries(entries)
+        result = _select(data, offset)
+        self.metrics.remote_read_latency.observe(time.perf_counter() - started)
+        self.metrics.remote_fetch_requests.labels(tp.topic).inc()
+        self.metrics.remote_fetch_bytes.labels(tp.topic).inc(len(result.records))
+        self._reported.discard((tp, ErrorCode.KAFKA_STORAGE_ERROR.name))
+        return result
+
+    # Offsets by time ---------------------------------------------------------------------------
+
+    async def offset_for_timestamp(
+        self, tp: TopicPartition, partition_log: PartitionLog, timestamp: int, timeout: float
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first remote record at or after `timestamp` from the log
+        start on; None when no remote record is that late."""
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(
+            self._pool, self._offset_for_timestamp, tp, partition_log, timestamp
+        )
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            raise KafkaError(
+                ErrorCode.REQUEST_TIMED_OUT, f"{tp}: remote offset lookup took over {timeout} s"
+            ) from None
+        except Exception as error:
+            raise self._failed(tp, error) from error
+
+    def _offset_for_timestamp(
+        self, tp: TopicPartition, partition_log: PartitionLog, timestamp: int
+    ) -> tuple[int, int] | None:
+        remote = partition_log.remote
+        if remote is None:
+            return None
+        start = partition_log.log_start_offset
+        entry = remote.entry_for_timestamp(timestamp)
+        while entry is not None:
+            if entry.last_offset >= start:
+                found = _first_at_or_after(self.read_entries([entry]), timestamp, start)
+                if found is not None:
+                    return found
+            following = remote.entries_from(entry.last_offset + 1, 1)
+            entry = next((e for e in following if e.last_timestamp >= timestamp), None)
+        return None
+
+    # Store reads -------------------------------------------------------------------------------
+
+    def read_entries(self, entries: Sequence[IndexEntry]) -> bytes:
+        """The data of consecutive entries, one ranged read per run of adjoining ranges of
+        one object, each entry's batches checked against it (RemoteDataCorruptError)."""
+        data = bytearray()
+        run: list[IndexEntry] = []
+        for entry in entries:
+            if run and (entry.rdi.uri != run[-1].rdi.uri or entry.rdi.position != run[-1].rdi.end):
+                data += self._read_run(run)
+                run = []
+            run.append(entry)
+        if run:
+            data += self._read_run(run)
+        return bytes(data)
+
+    def _read_run(self, run: list[IndexEntry]) -> bytes:
+        first = run[0].rdi
+        key = self.store.key_of(first.uri)  # OutsideStoreError for an RDI elsewhere
+        data = self.store.read(key, first.position, run[-1].rdi.end - first.position)
+        position = 0
+        for entry in run:
+            _check(entry, data, position)
+            position += entry.data_length
+        return data
+
+
+def _entries(partition_log: PartitionLog, offset: int, max_bytes: int) -> list[IndexEntry]:
+    remote = partition_log.remote
+    if remote is None:
+        raise KafkaError(
+            ErrorCode.KAFKA_STORAGE_ERROR,
+            f"{partition_log.directory.name}: no remote indexes to read offset {offset} from",
+        )
+    entries = remote.entries_from(offset, max_bytes)
+    if not entries or entries[0].first_offset > offset:
+        # Offsets below the local log start must all be remote: the remote indexes of this
+        # replica are behind (its tiering service is still building them). Retriable.
+        raise KafkaError(
+            ErrorCode.KAFKA_STORAGE_ERROR,
+            f"{partition_log.directory.name}: offset {offset} is not in the remote indexes yet",
+        )
+    return entries
+
+
+def _check(entry: IndexEntry, data: bytes, position: int) -> None:
+    """The entry's range must be whole, CRC-checked batches from its first offset to its
+    last, nothing else."""
+    end = position + entry.data_length
+    first = last = -1
+    try:
+        walked = position
+        for at, header in iter_batches(data, position, end):
+            verify_crc(data, at, header)
+            if first < 0:
+                first = header.base_offset
+            last = header.last_offset
+            walked = at + header.size
+    except (RecordError, CorruptIndexError) as exc:
+        raise RemoteDataCorruptError(f"{entry.rdi.uri}: {exc}") from exc
+    if walked != end or first != entry.first_offset or last != entry.last_offset:
+        raise RemoteDataCorruptError(
+            f"{entry.rdi.uri} at {entry.rdi.position}: batches of offsets {first}-{last} in "
+            f"{walked - position} bytes, the index says {entry.first_offset}-"
+            f"{entry.last_offset} in {entry.data_length}"
+        )
+
+
+def _select(data: bytes, offset: int) -> RemoteRead:
+    """The batches from the one holding `offset` on (all checked already)."""
+    start = -1
+    first = next_offset = -1
+    for at, header in iter_batches(data):
+        if header.last_offset < offset:
+            continue
+        if start < 0:
+            start, first = at, header.base_offset
+        next_offset = header.next_offset
+    if start < 0:
+        return RemoteRead(b"", -1, -1)
+    return RemoteRead(data[start:], first, next_offset)
+
+
+def _trimmed(read: RemoteRead, max_bytes: int, min_one_batch: bool) -> RemoteRead:
+    """Whole batches within `max_bytes` (at least one with `min_one_batch`), as a local
+    read cuts them."""
+    if len(read.records) <= max_bytes:
+        return read
+    end = 0
+    next_offset = read.first_offset
+    for at, header in iter_batches(read.records):
+        if at + header.size > max_bytes and (end > 0 or not min_one_batch):
+            break
+        end = at + header.size
+        next_offset = header.next_offset
+    if end == 0:
+        return RemoteRead(b"", -1, -1)
+    return RemoteRead(read.records[:end], read.first_offset, next_offset)
+
+
+def _first_at_or_after(data: bytes, timestamp: int, start: int) -> tuple[int, int] | None:
+    for at, header in iter_batches(data):
+        if header.max_timestamp < timestamp or header.last_offset < start:
+            continue
+        for record in decode_records(data, at, header, MAX_DECOMPRESSED):
+            if record.timestamp >= timestamp and record.offset >= start:
+                return record.offset, record.timestamp
+    return None

@@ -1,0 +1,3 @@
+from services.tiering.main import main
+
+main()
