@@ -130,15 +130,17 @@ class RemoteStore:
 
         return self.write(key, chunks())
 
-    def read(self, key: str, position: int, length: int) -> bytes:
-        """`length` bytes at `position`; an object too short for them is an error."""
+    def read(self, key: str, position: int, length: int) -> memoryview:
+        """`length` bytes at `position`, as a view of pyarrow's buffer (no copy); an object
+        too short for them is an error."""
         with _translated(key), self.fs.open_input_file(self._path(key)) as source:
-            data = source.read_at(length, position)
-        if len(data) != length:
+            source.seek(position)
+            data = memoryview(source.read_buffer(length))
+        if data.nbytes != length:
             raise RemoteStorageError(
-                f"{key}: {len(data)} bytes at {position}, expected {length} (truncated object)"
+                f"{key}: {data.nbytes} bytes at {position}, expected {length} (truncated object)"
             )
-        return bytes(data)
+        return data.cast("B")
 
     def read_all(self, key: str) -> bytes:
         with _translated(key), self.fs.open_input_stream(self._path(key)) as source:

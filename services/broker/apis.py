@@ -511,7 +511,7 @@ class KafkaApis:
                 data.records = result.records
                 data.offsets = result.offsets
                 if version < 4:
-                    data.records = _down_convert(result.records, 0 if version < 2 else 1)
+                    data.records = _down_convert(bytes(result.records), 0 if version < 2 else 1)
 
     # ListOffsets -----------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from directlog.protocol.wire import Writer
 from services.broker.storage import FileSlice
 
-Part = bytes | FileSlice
+# Bytes and views, and file slices for sendfile; a view of records read from the remote
+# store is a part of its own, sent as it is (no copy into the header's buffer).
+Part = bytes | memoryview | FileSlice
 
 
 @dataclass(slots=True)
@@ -26,7 +28,7 @@ class PartitionData:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    records: FileSlice | bytes | None = None
+    records: FileSlice | bytes | memoryview | None = None
     offsets: int = 0  # records the slice spans, for metrics
 
     @property
@@ -52,10 +54,10 @@ class _PartsWriter(Writer):
         super().__init__(flexible)
         self.parts: list[Part] = []
 
-    def records(self, records: FileSlice | bytes | None, size: int) -> None:
+    def records(self, records: FileSlice | bytes | memoryview | None, size: int) -> None:
         self.length(None if records is None else size)
-        if isinstance(records, FileSlice):
-            if records.size:
+        if isinstance(records, FileSlice | memoryview):
+            if size:
                 self.parts.append(bytes(self.buffer))
                 self.buffer = bytearray()
                 self.parts.append(records)

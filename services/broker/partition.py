@@ -326,6 +326,8 @@ class Partition:
             and info.leader_epoch == self.info.leader_epoch
             and info.partition_epoch > self.info.partition_epoch
         ):
+            if info.isr != self.info.isr:
+                log.info("%s: ISR now %s", self.tp, list(info.isr))
             self.info = info  # leadership moved on otherwise: the image will say so
         self.maybe_advance_high_watermark()
 

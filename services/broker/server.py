@@ -217,17 +217,21 @@ class KafkaServer:
         self, connection: socket.socket, parts: list[Part], outbox: bytearray
     ) -> bytearray:
         """Queue one size-prefixed response behind `outbox`; file slices go out at once
-        with sendfile (after what is queued). Returns the bytes still queued."""
+        with sendfile, and views (remote records) as they are, after what is queued.
+        Returns the bytes still queued."""
         loop = asyncio.get_running_loop()
         outbox += sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts).to_bytes(
             4, "big"
         )
         for part in parts:
-            if isinstance(part, FileSlice):
+            if isinstance(part, FileSlice | memoryview):
                 if outbox:
                     await loop.sock_sendall(connection, outbox)
                     outbox = bytearray()
-                await _sendfile(connection, part)
+                if isinstance(part, FileSlice):
+                    await _sendfile(connection, part)
+                else:
+                    await loop.sock_sendall(connection, part)
             else:
                 outbox += part
         return outbox

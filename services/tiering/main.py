@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ log = logging.getLogger("directlog.tiering")
 
 
 async def run_tiering(settings: TieringSettings, stop: asyncio.Event) -> None:
+    os.nice(settings.niceness)
     store = RemoteStore(settings.store_config())
     metrics = TieringMetrics()
     metrics_port = metrics.serve(settings.metrics_host, settings.metrics_port)

@@ -155,12 +155,12 @@ def test_corrupt_remote_data_and_indexes_are_never_served(tmp_path):
         damaged = bytearray(original)
         damaged[200] ^= 0x01
         data_path.write_bytes(bytes(damaged))
-        answer = fetch_partition(cluster.bootstrap, "audit", first.start_offset)
-        deadline = time.monotonic() + TIMEOUT
-        while answer.error_code == ErrorCode.NONE and time.monotonic() < deadline:
-            assert not answer.records, "corrupt remote data was served"
-            answer = fetch_partition(cluster.bootstrap, "audit", first.start_offset)
+        answer = _until_error(cluster, "audit", first.start_offset)
         assert answer.error_code == ErrorCode.CORRUPT_MESSAGE
+        # A truncated object: a retriable storage error, nothing served.
+        data_path.write_bytes(original[: len(original) // 2])
+        answer = _until_error(cluster, "audit", first.end_offset)
+        assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR and not answer.records
         data_path.write_bytes(original)
         assert fetch_partition(cluster.bootstrap, "audit", first.start_offset).records
 
@@ -199,6 +199,17 @@ def test_corrupt_remote_data_and_indexes_are_never_served(tmp_path):
             cluster.brokers[0].stderr_text()
         )
         assert data_path.read_bytes() == original  # stored data untouched
+
+
+def _until_error(cluster: Cluster, topic: str, offset: int):
+    """Fetch until an error comes back (the first fetch may find the read still running);
+    no answer before it may carry records."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        answer = fetch_partition(cluster.bootstrap, topic, offset)
+        if answer.error_code != ErrorCode.NONE or time.monotonic() > deadline:
+            return answer
+        assert not answer.records, "corrupt remote data was served"
 
 
 def _after_refresh(cluster: Cluster, topic: str, offset: int):

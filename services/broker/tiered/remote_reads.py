@@ -46,7 +46,7 @@ class RemoteDataCorruptError(CorruptRecordError):
 
 @dataclass(frozen=True, slots=True)
 class RemoteRead:
-    records: bytes  # whole batches, from the one holding the offset asked for
+    records: memoryview  # whole batches, from the one holding the offset asked for
     first_offset: int  # base offset of the first batch
     next_offset: int  # the offset after the last batch
 
@@ -224,21 +224,20 @@ class RemoteReader:
 
     # Store reads -------------------------------------------------------------------------------
 
-    def read_entries(self, entries: Sequence[IndexEntry]) -> bytes:
+    def read_entries(self, entries: Sequence[IndexEntry]) -> memoryview:
         """The data of consecutive entries, one ranged read per run of adjoining ranges of
-        one object, each entry's batches checked against it (RemoteDataCorruptError)."""
-        data = bytearray()
-        run: list[IndexEntry] = []
+        one object (the usual case is one run: no copy), each entry's batches checked
+        against it (RemoteDataCorruptError)."""
+        runs: list[list[IndexEntry]] = []
         for entry in entries:
-            if run and (entry.rdi.uri != run[-1].rdi.uri or entry.rdi.position != run[-1].rdi.end):
-                data += self._read_run(run)
-                run = []
-            run.append(entry)
-        if run:
-            data += self._read_run(run)
-        return bytes(data)
+            last = runs[-1][-1] if runs else None
+            if last is None or entry.rdi.uri != last.rdi.uri or entry.rdi.position != last.rdi.end:
+                runs.append([])
+            runs[-1].append(entry)
+        data = [self._read_run(run) for run in runs]
+        return data[0] if len(data) == 1 else memoryview(b"".join(data))
 
-    def _read_run(self, run: list[IndexEntry]) -> bytes:
+    def _read_run(self, run: list[IndexEntry]) -> memoryview:
         first = run[0].rdi
         key = self.store.key_of(first.uri)  # OutsideStoreError for an RDI elsewhere
         data = self.store.read(key, first.position, run[-1].rdi.end - first.position)
@@ -267,7 +266,7 @@ def _entries(partition_log: PartitionLog, offset: int, max_bytes: int) -> list[I
     return entries
 
 
-def _check(entry: IndexEntry, data: bytes, position: int) -> None:
+def _check(entry: IndexEntry, data: memoryview, position: int) -> None:
     """The entry's range must be whole, CRC-checked batches from its first offset to its
     last, nothing else."""
     end = position + entry.data_length
@@ -290,7 +289,7 @@ def _check(entry: IndexEntry, data: bytes, position: int) -> None:
         )
 
 
-def _select(data: bytes, offset: int) -> RemoteRead:
+def _select(data: memoryview, offset: int) -> RemoteRead:
     """The batches from the one holding `offset` on (all checked already)."""
     start = -1
     first = next_offset = -1
@@ -301,7 +300,7 @@ def _select(data: bytes, offset: int) -> RemoteRead:
             start, first = at, header.base_offset
         next_offset = header.next_offset
     if start < 0:
-        return RemoteRead(b"", -1, -1)
+        return RemoteRead(memoryview(b""), -1, -1)
     return RemoteRead(data[start:], first, next_offset)
 
 
@@ -318,11 +317,11 @@ def _trimmed(read: RemoteRead, max_bytes: int, min_one_batch: bool) -> RemoteRea
         end = at + header.size
         next_offset = header.next_offset
     if end == 0:
-        return RemoteRead(b"", -1, -1)
+        return RemoteRead(memoryview(b""), -1, -1)
     return RemoteRead(read.records[:end], read.first_offset, next_offset)
 
 
-def _first_at_or_after(data: bytes, timestamp: int, start: int) -> tuple[int, int] | None:
+def _first_at_or_after(data: memoryview, timestamp: int, start: int) -> tuple[int, int] | None:
     for at, header in iter_batches(data):
         if header.max_timestamp < timestamp or header.last_offset < start:
             continue
