@@ -44,6 +44,7 @@ from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bench.processes import keep_freed_heap
+from bench.replication import throughput
 from directlog.remote.index import RemoteIndex
 from directlog.remote.store import RemoteStore, StoreConfig
 from tests.e2e.cluster import Cluster, wait_for
@@ -85,22 +86,10 @@ def leader(bootstrap: str, topic: str) -> int:
 
 
 def fill(bootstrap: str, topic: str, total_bytes: int) -> int:
-    """Produce `total_bytes` of 32 KiB values (acks=all); returns the records sent."""
-    client = Producer(
-        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1 << 20}
-    )
-    value = os.urandom(VALUE_BYTES)
+    """Produce `total_bytes` of 32 KiB values to a new topic (acks=all, every one checked);
+    returns the records sent."""
     count = total_bytes // VALUE_BYTES
-    for _ in range(count):
-        while True:
-            try:
-                client.produce(topic, value, partition=0)
-                break
-            except BufferError:
-                client.poll(0.005)
-        client.poll(0)
-    if client.flush(TIMEOUT):
-        raise BenchError(f"{topic}: sends left unacknowledged")
+    throughput(bootstrap, topic, os.urandom(VALUE_BYTES), count)
     return count
 
 

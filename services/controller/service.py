@@ -332,19 +332,22 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         self, request: pb.ListRemoteLogSegmentsRequest, context: Context
     ) -> pb.ListRemoteLogSegmentsReply:
         """Any caller may read. Partitions not read since the takeover are loaded first,
-        under the write lock, so what is answered is what was last committed."""
+        under the write lock, so what is answered is what was last committed; when all are
+        loaded (the usual case: tiering services poll) the lock is not needed, as nothing
+        awaits between reading the records and answering."""
         answers = []
+        keys = [(item.topic_id, item.partition) for item in request.partitions]
+        failed: Mapping[tuple[bytes, int], str] = {}
         with self._metrics.rpc("ListRemoteLogSegments"):
             try:
                 term = self._controller.require_term()
-                async with term.lock:
-                    failed = await term.load_remote(
-                        (item.topic_id, item.partition) for item in request.partitions
-                    )
-                    for item in request.partitions:
-                        answer = _remote_listing(term.state, item, failed)
-                        if answer is not None:
-                            answers.append(answer)
+                if term.state.remote_unloaded(keys):
+                    async with term.lock:
+                        failed = await term.load_remote(keys)
+                for item in request.partitions:
+                    answer = _remote_listing(term.state, item, failed)
+                    if answer is not None:
+                        answers.append(answer)
             except NotActiveError:
                 await self._not_active(context)
         return pb.ListRemoteLogSegmentsReply(partitions=answers)

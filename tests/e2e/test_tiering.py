@@ -3,7 +3,6 @@ directory and a real S3 HTTP server (moto's), read by confluent-kafka and kafka-
 
 from __future__ import annotations
 
-import random
 import shutil
 import warnings
 from pathlib import Path
@@ -38,9 +37,9 @@ from tests.e2e.tiered import (
     remote_records,
     tiering_settings,
     topic_id_of,
+    values,
     wait_tiered,
 )
-from tests.s3_server import S3Server
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -48,17 +47,6 @@ with warnings.catch_warnings():
     from kafka import TopicPartition as KTopicPartition
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-
-
-def values(count: int, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    return [rng.randbytes(rng.randint(100, 900)) for _ in range(count)]
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])

@@ -4,7 +4,6 @@ broker's tiering gRPC service. Nothing acknowledged is lost, nothing corrupt is 
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 
@@ -34,22 +33,12 @@ from tests.e2e.tiered import (
     remote_records,
     tiering_settings,
     topic_id_of,
+    values,
     wait_tiered,
 )
 from tests.s3_server import S3Server
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-
-
-def values(count: int, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    return [rng.randbytes(rng.randint(100, 900)) for _ in range(count)]
 
 
 def store_of(settings: dict, s3: S3Server | None) -> RemoteStore:

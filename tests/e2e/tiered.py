@@ -5,6 +5,7 @@ reading partitions back from offset 0 with real clients."""
 from __future__ import annotations
 
 import itertools
+import random
 import time
 import uuid
 import warnings
@@ -43,6 +44,12 @@ def tiering_settings(
     assert s3 is not None
     prefix = f"s3://{s3.bucket}/{work_dir.name}"
     return {**TIERING, "remote": prefix, **s3.settings, **extra}
+
+
+def values(count: int, seed: int) -> list[bytes]:
+    """Random values of 100-900 bytes."""
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(100, 900)) for _ in range(count)]
 
 
 def create_tiered_topic(cluster: Cluster, name: str, *, replicas: int = 1, **configs: str) -> None:

@@ -11,13 +11,6 @@ from directlog.remote.store import (
     RemoteStore,
     StoreConfig,
 )
-from tests.s3_server import S3Server
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 @pytest.fixture(params=["file", "s3"])
