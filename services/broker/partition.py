@@ -81,6 +81,8 @@ class Partition:
     def become_leader(self, info: PartitionInfo, now_ms: int) -> None:
         """Lead from now on (new epoch), or take a newer state of the same leadership."""
         new_epoch = not self.is_leader or info.leader_epoch != self.info.leader_epoch
+        if not new_epoch:
+            self._log_isr_change(info)
         self.info = info
         self.is_leader = True
         if self.pending_isr is not None and info.isr == self.pending_isr:
@@ -326,10 +328,15 @@ class Partition:
             and info.leader_epoch == self.info.leader_epoch
             and info.partition_epoch > self.info.partition_epoch
         ):
-            if info.isr != self.info.isr:
-                log.info("%s: ISR now %s", self.tp, list(info.isr))
+            self._log_isr_change(info)
             self.info = info  # leadership moved on otherwise: the image will say so
         self.maybe_advance_high_watermark()
+
+    def _log_isr_change(self, info: PartitionInfo) -> None:
+        """The leader's one line per ISR change, whichever news of it comes first (the
+        controller's answer or the image)."""
+        if info.isr != self.info.isr:
+            log.info("%s: ISR now %s", self.tp, list(info.isr))
 
     def maybe_advance_high_watermark(self) -> bool:
         """Move the high watermark up to what the ISR holds; True if it moved (and waiting

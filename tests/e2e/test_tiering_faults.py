@@ -9,6 +9,7 @@ import uuid
 
 import grpc
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from directlog.protocol.errors import ErrorCode
 from directlog.remote import layout
@@ -108,6 +109,14 @@ def test_an_unreachable_store_keeps_local_data_answers_fetches_and_copying_resum
                 assert answer.error_code != ErrorCode.NONE or not answer.records  # nothing yet
                 answers.add(answer.error_code)
             assert ErrorCode.KAFKA_STORAGE_ERROR in answers
+            # Meanwhile other clients of the broker are served as usual: remote reads wait
+            # on their own threads, never on the broker's event loop.
+            fetch_partition(cluster.bootstrap, "stock", 0)  # one more read in flight
+            local = values(300, seed=11)
+            admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+            admin.create_topics([NewTopic("plain", 1, 1)])["plain"].result(TIMEOUT)
+            produce(cluster.bootstrap, "plain", local, base)
+            assert [v for _, v, _ in read_confluent(cluster.bootstrap, "plain", 300)] == local
             tiering = cluster.tierings[0]
             wait_for(
                 lambda: tiering.total("directlog_tiering_copy_errors_total", topic="stock") > 0,
