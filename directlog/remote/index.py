@@ -11,9 +11,9 @@ offset of their first entry (formats.md "Remote indexes"):
                               the position of the first entry that reached it
 
 A tiering service writes them (`writable`): it appends entries for each segment it copies
-(log entries first, then the two indexes, then fsync, so a reader that sees an offset or
-time entry finds the log entry it points at), rotates to a new set by size or age, and
-ships each rotated set to the store. Brokers open them read-only and `refresh` when told
+(log entries first, then the two indexes, so a reader that sees an offset or time entry
+finds the log entry it points at), rotates to a new set by size or age (fsyncing the set it
+closes), and ships each rotated set to the store. Brokers open them read-only and `refresh` when told
 they changed. Every remoteLogIndex entry carries a CRC32C, checked on every read: a corrupt
 entry raises CorruptIndexError and is never used to find records.
 """
@@ -255,12 +255,20 @@ class RemoteIndexFile:
 
     def append(self, entries: Sequence[IndexEntry]) -> None:
         """Write entries after the last one: the log entries, then the offset and time
-        entries pointing at them, each file fsynced before the next is written."""
+        entries pointing at them (a reader sees the writes in that order). Nothing is
+        fsynced here: what a crash loses of the active set is cut by the repair at the next
+        writable open and appended again from the store (the indexes are derived from the
+        remote records); a set is fsynced once, when it is closed (`sync`)."""
         encoded = _encode_set(self, entries)
-        _append_synced(self.log_path, encoded.log, self.log_size)
-        _append_synced(self.offset_path, encoded.offsets, len(self.offsets) * _OFFSET_ENTRY.size)
-        _append_synced(self.time_path, encoded.times, len(self.times) * _TIME_ENTRY.size)
+        _append(self.log_path, encoded.log, self.log_size)
+        _append(self.offset_path, encoded.offsets, len(self.offsets) * _OFFSET_ENTRY.size)
+        _append(self.time_path, encoded.times, len(self.times) * _TIME_ENTRY.size)
         self._take(encoded, entries)
+
+    def sync(self) -> None:
+        """Make the three files durable (a set being closed)."""
+        for path in self.paths:
+            fsync_path(path)
 
     def rewrite(self, entries: Sequence[IndexEntry]) -> None:
         """Replace the three files by ones holding `entries` alone (a repair, or a set taken
@@ -445,7 +453,6 @@ class RemoteIndex:
             active = self.active
             assert active is not None
         active.append(entries)
-        fsync_path(self.directory)
 
     def rotation_due(self, max_bytes: int, max_age_ms: int, now_ms: int) -> bool:
         """Whether the active set reached `max_bytes` or `max_age_ms` with entries in it."""
@@ -464,6 +471,8 @@ class RemoteIndex:
             closed.delete()
             self.files.pop()
             closed = None
+        elif closed is not None:
+            closed.sync()
         file = RemoteIndexFile(self.directory, next_offset, now_ms)
         file.rewrite([])
         self.files.append(file)
@@ -589,12 +598,11 @@ def _repair(file: RemoteIndexFile) -> None:
         file.load()
 
 
-def _append_synced(path: Path, data: bytes | bytearray, position: int) -> None:
+def _append(path: Path, data: bytes | bytearray, position: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         if data:
             os.pwrite(fd, data, position)
         os.ftruncate(fd, position + len(data))
-        os.fsync(fd)
     finally:
         os.close(fd)

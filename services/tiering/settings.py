@@ -39,7 +39,7 @@ class TieringSettings(ServiceSettings):
     copy_concurrency: int = Field(2, ge=1)  # partitions copied at once
     # Copies are background work: the process lowers its CPU priority by this much at start
     # (os.nice), so on cores it shares with its broker it does not delay produce requests.
-    niceness: int = Field(10, ge=0, le=19)
+    niceness: int = Field(19, ge=0, le=19)
     # One remoteLogIndex entry per span of whole batches of about this many bytes: a remote
     # read fetches one such range, not a whole segment.
     index_span_bytes: int = Field(1 << 20, ge=1)
