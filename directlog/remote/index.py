@@ -13,8 +13,8 @@ offset of their first entry (formats.md "Remote indexes"):
 A tiering service writes them (`writable`): it appends entries for each segment it copies
 (log entries first, then the two indexes, so a reader that sees an offset or time entry
 finds the log entry it points at), rotates to a new set by size or age (fsyncing the set it
-closes), and ships each rotated set to the store. Brokers open them read-only and `refresh` when told
-they changed. Every remoteLogIndex entry carries a CRC32C, checked on every read: a corrupt
+closes), and ships each rotated set to the store. Brokers open them read-only and
+`refresh` when told they changed. Every remoteLogIndex entry carries a CRC32C, checked on every read: a corrupt
 entry raises CorruptIndexError and is never used to find records.
 """
 
