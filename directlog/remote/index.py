@@ -14,8 +14,8 @@ A tiering service writes them (`writable`): it appends entries for each segment 
 (log entries first, then the two indexes, so a reader that sees an offset or time entry
 finds the log entry it points at), rotates to a new set by size or age (fsyncing the set it
 closes), and ships each rotated set to the store. Brokers open them read-only and
-`refresh` when told they changed. Every remoteLogIndex entry carries a CRC32C, checked on every read: a corrupt
-entry raises CorruptIndexError and is never used to find records.
+`refresh` when told they changed. Every remoteLogIndex entry carries a CRC32C, checked
+on every read: a corrupt entry raises CorruptIndexError and is never used to find records.
 """
 
 from __future__ import annotations
