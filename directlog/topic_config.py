@@ -152,6 +152,12 @@ class LogConfig:
         return out
 
 
+def flag(properties: Mapping[str, str], name: str) -> bool:
+    """One boolean config read alone from Kafka-named properties (true only when set to
+    true), for a rule about it that must hold whatever the others say."""
+    return properties.get(name, "").strip().lower() == "true"
+
+
 def _parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered not in ("true", "false"):

@@ -35,6 +35,7 @@ from directlog.records.compression import Compression
 from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
+from directlog.topic_config import flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
@@ -1235,7 +1236,7 @@ class KafkaApis:
         """Kafka's rule: remote.storage.enable only on a broker with
         remote.log.storage.system.enable."""
         if (
-            configs.get("remote.storage.enable", "").strip().lower() == "true"
+            flag(configs, "remote.storage.enable")
             and not self.settings.remote_log_storage_system_enable
         ):
             raise KafkaError(

@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from directlog.protocol.errors import ErrorCode, KafkaError
-from directlog.topic_config import InvalidConfigError, LogConfig
+from directlog.topic_config import InvalidConfigError, LogConfig, flag
 from directlog.topics import NO_LEADER, topic_name_error
 from services.controller import layout
 from services.controller.assignment import assign_replicas
@@ -306,7 +306,7 @@ class ClusterState:
         found = 0
         ineligible = frozenset(self.fenced | self.shutting_down)
         for topic_id, topic in self.topics.items():
-            unclean = _unclean_enabled(topic)
+            unclean = flag(topic.configs, "unclean.leader.election.enable")
             for index, state in enumerate(topic.partitions):
                 new = self._reelected(state, unclean, ineligible)
                 if new is not None:
@@ -660,7 +660,7 @@ class ClusterState:
         configs.update(set_configs)
         config = _validate_configs(configs)
         if (
-            _remote_storage_enabled(topic.configs)
+            flag(topic.configs, "remote.storage.enable")  # stored, whatever else is stored
             and not config.remote_storage_enable
             and not config.remote_log_delete_on_disable
         ):
@@ -949,10 +949,6 @@ def _offline(topic: Topic) -> int:
     return sum(p.leader == NO_LEADER for p in topic.partitions)
 
 
-def _unclean_enabled(topic: Topic) -> bool:
-    return topic.configs.get("unclean.leader.election.enable", "").strip().lower() == "true"
-
-
 def _check_new_segment(segment: RemoteSegment, next_offset: int) -> None:
     """What a new record must be: a copy just started, of offsets no finished copy holds."""
     why = None
@@ -974,12 +970,6 @@ def _check_new_segment(segment: RemoteSegment, next_offset: int) -> None:
         raise KafkaError(
             ErrorCode.INVALID_REQUEST, f"segment {layout.uuid_text(segment.segment_id)}: {why}"
         )
-
-
-def _remote_storage_enabled(configs: Mapping[str, str]) -> bool:
-    """The stored value read alone, as LogConfig parses it: the other stored configs may
-    predate a rule they break, and must not stop this one from being checked."""
-    return configs.get("remote.storage.enable", "").strip().lower() == "true"
 
 
 def _validate_configs(configs: Mapping[str, str]) -> LogConfig:
