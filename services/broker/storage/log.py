@@ -162,7 +162,6 @@ class PartitionLog:
         leader_epochs: LeaderEpochCache,
         topic_id: uuid.UUID | None = None,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
-        tiered: bool = False,
     ) -> None:
         assert segments, "a log always has a head segment"
         self.directory = directory
@@ -183,8 +182,7 @@ class PartitionLog:
         self._producer_snapshots = ProducerSnapshotFiles(directory)
         self.listeners: list[LogListener] = []
         # Tiered storage: the remote indexes (read-only here) and the offset after the last
-        # record they hold (-1: none). `tiered` stays once the log has had remote indexes.
-        self.tiered = tiered
+        # record they hold at their last reading (-1: none).
         self.remote: RemoteIndex | None = None
         self.remote_end_offset = -1
         self._start_unchecked = False  # see `open`'s config_pending
@@ -285,7 +283,6 @@ class PartitionLog:
             leader_epochs=leader_epochs,
             topic_id=topic_id,
             producer_id_expiration_ms=producer_id_expiration_ms,
-            tiered=tiered,
         )
         opened._start_unchecked = config_pending and not tiered
         opened._producer_snapshots.delete_below(start)
@@ -299,6 +296,12 @@ class PartitionLog:
     @property
     def log_end_offset(self) -> int:
         return self._segments[-1].next_offset
+
+    @property
+    def tiered(self) -> bool:
+        """Whether records below the first local segment may be in the remote store: the
+        topic says so, or the directory has remote indexes."""
+        return self.config.remote_storage_enable or self.remote is not None
 
     @property
     def local_log_start_offset(self) -> int:
@@ -339,7 +342,6 @@ class PartitionLog:
         settles the log start (see `open`)."""
         with self._lock:
             self.config = config
-            self.tiered = self.tiered or config.remote_storage_enable
             if self._start_unchecked:
                 self._start_unchecked = False
                 if not self.tiered and self.log_start_offset < self._segments[0].base_offset:
@@ -988,7 +990,6 @@ class PartitionLog:
             log.warning("remote indexes of %s unreadable: %s", self.directory, exc)
             return False
         with self._lock:
-            self.tiered = True
             self.remote_end_offset = self.remote.end_offset
         return True
 
@@ -1013,7 +1014,6 @@ class PartitionLog:
                 restored.restore(offset, producer_snapshot)
             self._discard_pending(0)
             self._reset_at(offset)
-            self.tiered = True
             self.log_start_offset = log_start_offset
             for entry in epochs:
                 if entry.start_offset < offset and entry.epoch > self.leader_epochs.latest_epoch:
