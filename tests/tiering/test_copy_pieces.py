@@ -135,7 +135,7 @@ def test_a_broker_checks_remote_bytes_against_their_entries(tmp_path):
         data = reader.read_entries(entries[1:3])
         assert bytes(data) == path.read_bytes()[entries[1].rdi.position : entries[2].rdi.end]
         # A read that starts inside the first entry: whole batches from the one holding it.
-        read = _select(data, entries[1].first_offset + 7)
+        read = _select(data, entries[1].first_offset + 7, entries[2].last_offset + 1)
         first = next(iter_batches(read.records))[1]
         assert first.base_offset <= entries[1].first_offset + 7 <= first.last_offset
         assert read.next_offset == entries[2].last_offset + 1

@@ -20,9 +20,10 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import decode_records, iter_batches, verify_crc
@@ -36,6 +37,7 @@ from services.broker.storage.validator import MAX_DECOMPRESSED
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 STALE_SECONDS = 30.0  # a finished read no fetch took is dropped after this long
 READ_AHEAD_MAX_BYTES = 8 << 20
 
@@ -118,26 +120,24 @@ class RemoteReader:
                 ErrorCode.KAFKA_STORAGE_ERROR,
                 f"{self._max_pending} remote reads already pending; {tp} must wait",
             )
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(
-            self._pool, self._read_blocking, tp, partition_log, offset, max_bytes
-        )
-        wrapped: asyncio.Future[RemoteRead] = loop.create_future()
-
-        def settle(done: asyncio.Future[RemoteRead]) -> None:
-            if wrapped.done():
-                return
-            error = done.exception()
-            if error is None:
-                wrapped.set_result(done.result())
-            else:
-                wrapped.set_exception(self._failed(tp, error))
-
-        future.add_done_callback(settle)
-        wrapped.add_done_callback(lambda f: f.exception())  # a result nobody takes is fine
-        pending = _Pending(wrapped, time.monotonic(), max_bytes)
+        future = self._in_pool(tp, self._read_blocking, tp, partition_log, offset, max_bytes)
+        pending = _Pending(future, time.monotonic(), max_bytes)
         self._pending[(tp, offset)] = pending
         return pending
+
+    def _in_pool(self, tp: TopicPartition, work: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`work` on the reader threads; a failure comes out as the KafkaError a client gets
+        (`_failed`). A result no fetch takes (a fetch that stopped waiting) is fine."""
+
+        def guarded() -> T:
+            try:
+                return work(*args)
+            except Exception as error:
+                raise self._failed(tp, error) from error
+
+        future = asyncio.get_running_loop().run_in_executor(self._pool, guarded)
+        future.add_done_callback(_retrieved)
+        return future
 
     def _read_ahead(
         self, tp: TopicPartition, partition_log: PartitionLog, offset: int, max_bytes: int
@@ -159,7 +159,8 @@ class RemoteReader:
             del self._pending[key]
 
     def _failed(self, tp: TopicPartition, error: BaseException) -> KafkaError:
-        """The error a fetch gets, logged once per partition and kind of fault."""
+        """The error a fetch gets, logged once per partition and kind of fault (called on a
+        reader thread)."""
         self.metrics.remote_fetch_errors.labels(tp.topic).inc()
         if isinstance(error, KafkaError):
             code = error.code
@@ -178,7 +179,7 @@ class RemoteReader:
         started = time.perf_counter()
         entries = _entries(partition_log, offset, max_bytes)
         data = self.read_entries(entries)
-        result = _select(data, offset)
+        result = _select(data, offset, entries[-1].last_offset + 1)
         self.metrics.remote_read_latency.observe(time.perf_counter() - started)
         self.metrics.remote_fetch_requests.labels(tp.topic).inc()
         self.metrics.remote_fetch_bytes.labels(tp.topic).inc(len(result.records))
@@ -192,21 +193,16 @@ class RemoteReader:
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first remote record at or after `timestamp` from the log
         start on; None when no remote record is that late."""
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(
-            self._pool, self._offset_for_timestamp, tp, partition_log, timestamp
-        )
+        work = self._in_pool(tp, self._offset_for_timestamp, partition_log, timestamp)
         try:
             return await asyncio.wait_for(work, timeout)
         except TimeoutError:
             raise KafkaError(
                 ErrorCode.REQUEST_TIMED_OUT, f"{tp}: remote offset lookup took over {timeout} s"
             ) from None
-        except Exception as error:
-            raise self._failed(tp, error) from error
 
     def _offset_for_timestamp(
-        self, tp: TopicPartition, partition_log: PartitionLog, timestamp: int
+        self, partition_log: PartitionLog, timestamp: int
     ) -> tuple[int, int] | None:
         remote = partition_log.remote
         if remote is None:
@@ -289,19 +285,14 @@ def _check(entry: IndexEntry, data: memoryview, position: int) -> None:
         )
 
 
-def _select(data: memoryview, offset: int) -> RemoteRead:
-    """The batches from the one holding `offset` on (all checked already)."""
-    start = -1
-    first = next_offset = -1
+def _select(data: memoryview, offset: int, end_offset: int) -> RemoteRead:
+    """The batches from the one holding `offset` on, up to `end_offset` (the offset after
+    the last entry's records); all checked already, so only the first entry's batches are
+    walked."""
     for at, header in iter_batches(data):
-        if header.last_offset < offset:
-            continue
-        if start < 0:
-            start, first = at, header.base_offset
-        next_offset = header.next_offset
-    if start < 0:
-        return RemoteRead(memoryview(b""), -1, -1)
-    return RemoteRead(data[start:], first, next_offset)
+        if header.last_offset >= offset:
+            return RemoteRead(data[at:], header.base_offset, end_offset)
+    return RemoteRead(memoryview(b""), -1, -1)
 
 
 def _trimmed(read: RemoteRead, max_bytes: int, min_one_batch: bool) -> RemoteRead:
@@ -319,6 +310,11 @@ def _trimmed(read: RemoteRead, max_bytes: int, min_one_batch: bool) -> RemoteRea
     if end == 0:
         return RemoteRead(memoryview(b""), -1, -1)
     return RemoteRead(read.records[:end], read.first_offset, next_offset)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _first_at_or_after(data: memoryview, timestamp: int, start: int) -> tuple[int, int] | None:
