@@ -457,24 +457,25 @@ class KafkaApis:
                         data.records = _down_convert(read.records.read(), 0 if version < 2 else 1)
                     total += data.records_size
                 except OffsetMovedToTieredStorageError as moved:
-                    if replica >= 0 or self.remote_reads is None:
-                        # A follower restarts from the leader's local log start (KIP-405).
-                        problem: Exception = moved
-                        if replica < 0:
-                            problem = KafkaError(
-                                ErrorCode.KAFKA_STORAGE_ERROR, f"{moved}; no remote store set"
-                            )
-                        data.error_code, _ = self._item_error(
-                            problem, "fetch", f"{name}-{wanted.partition}"
-                        )
-                        data.records = b""
-                        failed = True
-                    else:
+                    if replica < 0 and self.remote_reads is not None:
                         tp = TopicPartition(name, wanted.partition)
                         remote.append(
                             _RemoteFetch(data, tp, partition_log, moved.offset, budget, total == 0)
                         )
                         total += budget
+                    else:  # a follower restarts from the leader's local log start (KIP-405)
+                        problem = (
+                            moved
+                            if replica >= 0
+                            else KafkaError(
+                                ErrorCode.KAFKA_STORAGE_ERROR, f"{moved}; no remote store set"
+                            )
+                        )
+                        data.error_code, _ = self._item_error(
+                            problem, "fetch", f"{name}-{wanted.partition}"
+                        )
+                        data.records = b""
+                        failed = True
                 except Exception as error:
                     data.error_code, _ = self._item_error(
                         error, "fetch", f"{name}-{wanted.partition}"
