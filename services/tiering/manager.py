@@ -72,6 +72,7 @@ class PartitionTiering:
     version: int = -1  # of the remote records below; -1: never read
     next_offset: int = -1  # the first offset no finished copy holds
     records: list[pb.RemoteLogSegment] = field(default_factory=list)
+    finished: list[pb.RemoteLogSegment] = field(default_factory=list)  # by start offset
     next_sync: float = 0.0  # a follower's next catch-up (monotonic seconds)
     fresh: bool = False  # the records above were read (or written) this round
     announced: bool = False  # the broker was told to read the indexes as this process opened them
@@ -89,11 +90,11 @@ class PartitionTiering:
     def prefix(self) -> str:
         return layout.partition_prefix(self.hosted.topic, self.topic_id, self.hosted.partition)
 
-    @property
-    def finished(self) -> list[pb.RemoteLogSegment]:
-        return sorted(
-            (r for r in self.records if r.state == pb.COPY_FINISHED),
-            key=lambda r: r.start_offset,
+    def take(self, records: list[pb.RemoteLogSegment]) -> None:
+        """The partition's remote records now, and the finished ones among them in order."""
+        self.records = records
+        self.finished = sorted(
+            (r for r in records if r.state == pb.COPY_FINISHED), key=lambda r: r.start_offset
         )
 
     def object_key(self, record: pb.RemoteLogSegment, suffix: str) -> str:
@@ -193,25 +194,26 @@ class RemoteLogManager:
         try:
             await job(work)
             work.reported.clear()
-        except (RefusedError, BrokerUnavailableError) as error:
-            self._report(work, f"the broker or the controller refused or did not answer: {error}")
-        except (RemoteStorageError, CorruptIndexError, SegmentChangedError, OSError) as error:
-            self._report(work, f"{type(error).__name__}: {error}")
+        except (
+            RefusedError,
+            BrokerUnavailableError,
+            RemoteStorageError,
+            CorruptIndexError,
+            SegmentChangedError,
+            OSError,
+        ) as error:
+            kind = type(error).__name__
+            if kind not in work.reported:
+                work.reported.add(kind)
+                log.warning("%s: %s: %s; trying again next round", work.tp, kind, error)
         except Exception:
             log.exception("%s: tiering round failed", work.tp)
-
-    def _report(self, work: PartitionTiering, problem: str) -> None:
-        kind = problem.split(":", 1)[0]
-        if kind not in work.reported:
-            work.reported.add(kind)
-            log.warning("%s: %s; trying again next round", work.tp, problem)
 
     # Remote records ----------------------------------------------------------------------------
 
     async def _refresh(self, works: list[PartitionTiering]) -> None:
-        """Read the remote records of partitions whose version moved (one call for all)."""
-        for work in works:
-            work.fresh = False
+        """Read the remote records of partitions whose version moved (one call for all);
+        `fresh` says whose are known to be current this round."""
         if not works:
             return
         try:
@@ -227,20 +229,21 @@ class RemoteLogManager:
             )
         except BrokerUnavailableError as error:
             log.info("remote log metadata unavailable: %s", error)
+            for work in works:
+                work.fresh = False
             return
-        by_key = {(w.hosted.topic_id, w.hosted.partition): w for w in works}
         for work in works:
-            work.fresh = work.version >= 0  # an unchanged version is an answer too
+            work.fresh = work.version >= 0  # no answer: the version known is current
+        by_key = {(w.hosted.topic_id, w.hosted.partition): w for w in works}
         for answer in answers:
             answered = by_key.get((answer.topic_id, answer.partition))
             if answered is None:
                 continue
             answered.fresh = not answer.error_code
-            if answer.error_code:
-                continue
-            answered.version = answer.version
-            answered.next_offset = answer.next_offset
-            answered.records = list(answer.segments)
+            if not answer.error_code:
+                answered.version = answer.version
+                answered.next_offset = answer.next_offset
+                answered.take(list(answer.segments))
 
     async def _record(self, work: PartitionTiering, record: pb.RemoteLogSegment) -> None:
         """Move a remote record to `record.state` as this partition's leader."""
@@ -249,9 +252,8 @@ class RemoteLogManager:
         )
         work.version = reply.version
         work.next_offset = reply.next_offset
-        work.records = [r for r in work.records if r.segment_id != record.segment_id]
-        if record.state != pb.DELETE_FINISHED:
-            work.records.append(record)
+        others = [r for r in work.records if r.segment_id != record.segment_id]
+        work.take(others if record.state == pb.DELETE_FINISHED else [*others, record])
 
     # Leading -------------------------------------------------------------------------------------
 
@@ -449,7 +451,7 @@ class RemoteLogManager:
             )
         if not doomed:
             return
-        kept = [r for r in finished if r not in doomed]
+        kept = finished[len(doomed) :]  # the doomed are the oldest
         new_start = kept[0].start_offset if kept else hosted.local_log_start_offset
         if new_start > hosted.log_start_offset:
             # Readers stop asking for these offsets before their objects go.
