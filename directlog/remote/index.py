@@ -315,8 +315,7 @@ class RemoteIndex:
     def __init__(self, directory: Path, *, writable: bool) -> None:
         self.directory = directory
         self.writable = writable
-        self.files: list[RemoteIndexFile] = []
-        self._bases: list[int] = []
+        self.files: list[RemoteIndexFile] = []  # by base offset
         self._lock = threading.RLock()
 
     @classmethod
@@ -339,7 +338,6 @@ class RemoteIndex:
             else:
                 file.load()
             index.files.append(file)
-        index._bases = [file.base_offset for file in index.files]
         return index
 
     def close(self) -> None:
@@ -389,7 +387,6 @@ class RemoteIndex:
         for gone in kept.values():
             gone.close()
         self.files = files
-        self._bases = present
 
     # Reading ---------------------------------------------------------------------------------
 
@@ -403,7 +400,7 @@ class RemoteIndex:
     def _entries_from(self, offset: int, max_bytes: int) -> list[IndexEntry]:
         entries: list[IndexEntry] = []
         covered = 0
-        number = max(bisect_right(self._bases, offset) - 1, 0)
+        number = max(bisect_right(self.files, offset, key=_base_of) - 1, 0)
         for file in self.files[number:]:
             position = file.locate(offset) if not entries else 0
             while position < len(file):
@@ -476,7 +473,6 @@ class RemoteIndex:
         file = RemoteIndexFile(self.directory, next_offset, now_ms)
         file.rewrite([])
         self.files.append(file)
-        self._bases = [f.base_offset for f in self.files]
         return closed
 
     def replace(self, base_offset: int, entries: Sequence[IndexEntry], now_ms: int) -> None:
@@ -492,7 +488,6 @@ class RemoteIndex:
         file.rewrite(entries)
         self.files.append(file)
         self.files.sort(key=lambda f: f.base_offset)
-        self._bases = [f.base_offset for f in self.files]
         if file is self.files[-1] and entries:
             self.rotate(file.end_offset, now_ms)  # a set from the store is never appended to
         fsync_path(self.directory)
@@ -506,13 +501,12 @@ class RemoteIndex:
                 file.delete()
                 self.files.remove(file)
                 dropped.append(file.base_offset)
-        self._bases = [f.base_offset for f in self.files]
         return dropped
 
     def delete_all(self) -> None:
         for file in self.files:
             file.delete()
-        self.files, self._bases = [], []
+        self.files = []
 
 
 @dataclass(slots=True)
@@ -557,6 +551,10 @@ def _encode_set(file: RemoteIndexFile, entries: Sequence[IndexEntry]) -> _Encode
 
 def _whole(data: bytes, entry: struct.Struct) -> bytes:
     return data[: len(data) - len(data) % entry.size]
+
+
+def _base_of(file: RemoteIndexFile) -> int:
+    return file.base_offset
 
 
 def _bases(directory: Path) -> list[int]:
