@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import re
+import uuid
 from typing import NamedTuple
 
 MAX_TOPIC_NAME = 249
@@ -29,3 +31,9 @@ def topic_name_error(name: str) -> str | None:
     if not _LEGAL.fullmatch(name):
         return f"topic name {name!r} has characters outside [a-zA-Z0-9._-]"
     return None
+
+
+def uuid_text(value: uuid.UUID) -> str:
+    """Kafka's Uuid.toString (topic ids, cluster ids, remote segment ids): the 16 bytes in
+    URL-safe base64 without padding, 22 characters."""
+    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode("ascii")

@@ -12,8 +12,9 @@ the topic id in the prefix keeps a topic deleted and created again apart from th
 
 from __future__ import annotations
 
-import base64
 import uuid
+
+from directlog.topics import uuid_text
 
 LOG = ".log"
 OFFSET_INDEX = ".index"
@@ -27,13 +28,8 @@ SEGMENT_SUFFIXES = (LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT, LEADER_EPO
 INDEX_SUFFIXES = (REMOTE_LOG_INDEX, REMOTE_OFFSET_INDEX, REMOTE_TIME_INDEX)
 
 
-def id_text(value: uuid.UUID) -> str:
-    """Kafka's Uuid.toString: the 16 bytes in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode("ascii")
-
-
 def topic_prefix(topic: str, topic_id: uuid.UUID) -> str:
-    return f"{topic}-{id_text(topic_id)}"
+    return f"{topic}-{uuid_text(topic_id)}"
 
 
 def partition_prefix(topic: str, topic_id: uuid.UUID, partition: int) -> str:
@@ -42,7 +38,7 @@ def partition_prefix(topic: str, topic_id: uuid.UUID, partition: int) -> str:
 
 def segment_key(prefix: str, base_offset: int, segment_id: uuid.UUID, suffix: str) -> str:
     """An object of one copied segment, under a partition's prefix."""
-    return f"{prefix}/segments/{base_offset:020d}-{id_text(segment_id)}{suffix}"
+    return f"{prefix}/segments/{base_offset:020d}-{uuid_text(segment_id)}{suffix}"
 
 
 def index_key(prefix: str, base_offset: int, suffix: str) -> str:

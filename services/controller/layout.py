@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from directlog import topics
 from services.controller.model import (
     BrokerRegistration,
     Listener,
@@ -115,9 +117,9 @@ class Layout:
 
 
 def uuid_text(raw: bytes) -> str:
-    """Kafka's string form of a Uuid (topic, cluster and remote segment ids): URL-safe
-    base64 without padding, 22 characters."""
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    """Kafka's string form of a Uuid (topic, cluster and remote segment ids) from its 16
+    bytes as the store and the protos carry them."""
+    return topics.uuid_text(uuid.UUID(bytes=raw))
 
 
 def uuid_bytes(text: str) -> bytes:

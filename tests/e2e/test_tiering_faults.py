@@ -19,6 +19,7 @@ from directlog.remote.store import RemoteStore, StoreConfig
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import tiering_pb2 as tpb
 from directlog.rpc import tiering_pb2_grpc
+from directlog.topics import uuid_text
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.records import recent_base_timestamp
 from tests.e2e.tiered import (
@@ -75,7 +76,7 @@ def test_a_tiering_service_killed_mid_upload_redoes_the_copy_and_loses_nothing(t
         assert ranges[0][0] == 0 and contiguous(ranges)
         # Every object left belongs to a finished copy: the cut one's were cleaned up.
         store = store_of(settings, s3)
-        ids = {layout.id_text(uuid.UUID(bytes=r.segment_id)) for r in records}
+        ids = {uuid_text(uuid.UUID(bytes=r.segment_id)) for r in records}
         prefix = layout.partition_prefix("ledger", topic_id_of(cluster, "ledger"), 0)
         for found in store.list(f"{prefix}/segments"):
             name = found.key.rsplit("/", 1)[1]  # <20-digit base>-<22-character id><suffix>

@@ -23,6 +23,7 @@ from directlog.records.batch import (
 )
 from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
+from directlog.topics import uuid_text as encode_topic_id
 from services.broker.storage import (
     EpochEntry,
     LeaderEpochCache,
@@ -31,7 +32,7 @@ from services.broker.storage import (
     StorageError,
 )
 from services.broker.storage.leader_epochs import LEADER_EPOCH_CHECKPOINT
-from services.broker.storage.log import PARTITION_METADATA, encode_topic_id
+from services.broker.storage.log import PARTITION_METADATA
 from services.broker.storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.storage.helpers import T0, ManualClock, batch, read_all
 

@@ -53,6 +53,7 @@ from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
 from directlog.remote.index import CorruptIndexError, RemoteIndex, has_remote_index
 from directlog.topic_config import LogConfig
+from directlog.topics import uuid_text
 from services.broker.storage.errors import (
     OffsetMovedToTieredStorageError,
     OffsetOutOfRangeError,
@@ -1211,16 +1212,11 @@ def read_partition_metadata(directory: Path) -> uuid.UUID | None:
 def write_partition_metadata(directory: Path, topic_id: uuid.UUID) -> None:
     """Write partition.metadata atomically, byte for byte as Kafka writes it."""
     path = directory / PARTITION_METADATA
-    text = f"version: 0\ntopic_id: {encode_topic_id(topic_id)}"
+    text = f"version: 0\ntopic_id: {uuid_text(topic_id)}"
     try:
         write_atomically(path, text.encode("ascii"))
     except OSError as exc:
         raise StorageError(f"cannot write {path}: {exc}") from exc
-
-
-def encode_topic_id(topic_id: uuid.UUID) -> str:
-    """Kafka's Uuid.toString: the 16 bytes in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode("ascii")
 
 
 def _decode_topic_id(text: str) -> uuid.UUID:
@@ -1230,7 +1226,7 @@ def _decode_topic_id(text: str) -> uuid.UUID:
         raw = base64.urlsafe_b64decode(text + "==")
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"topic id {text!r} is not URL-safe base64") from exc
-    if len(raw) != 16 or encode_topic_id(uuid.UUID(bytes=raw)) != text:
+    if len(raw) != 16 or uuid_text(uuid.UUID(bytes=raw)) != text:
         raise ValueError(f"topic id {text!r} is not 16 bytes in URL-safe base64")
     return uuid.UUID(bytes=raw)
 
