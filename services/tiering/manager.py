@@ -333,12 +333,7 @@ class RemoteLogManager:
             raise SegmentChangedError(f"segment {base} is gone") from error
         try:
             # The files that change as the log moves on are read now, with the segment held.
-            snapshot = _read_if_present(directory / f"{segment.next_offset:020d}.snapshot")
-            epochs = _read_if_present(directory / LEADER_EPOCH_CHECKPOINT) or b"0\n0\n"
-            index_files = {
-                suffix: _read_if_present(directory / f"{base:020d}{suffix}")
-                for suffix in (layout.OFFSET_INDEX, layout.TIME_INDEX)
-            }
+            uploads = await asyncio.to_thread(_files_beside, directory, segment)
             scan = await asyncio.to_thread(
                 scan_segment,
                 fd,
@@ -360,12 +355,7 @@ class RemoteLogManager:
                 epochs=[pb.EpochStart(epoch=e, start_offset=o) for e, o in scan.epochs],
             )
             await self._record(work, record)
-            uploads: dict[str, bytes | None] = {
-                layout.PRODUCER_SNAPSHOT: snapshot,
-                layout.LEADER_EPOCHS: epochs,
-                layout.REMOTE_LOG_INDEX: encode_entries(scan.entries),
-                **index_files,
-            }
+            uploads[layout.REMOTE_LOG_INDEX] = encode_entries(scan.entries)
             try:
                 await asyncio.to_thread(self._upload, objects, fd, segment.size_bytes, uploads)
                 await self._record(work, _with_state(record, pb.COPY_FINISHED))
@@ -610,6 +600,21 @@ def _with_state(record: pb.RemoteLogSegment, state: int) -> pb.RemoteLogSegment:
     moved.CopyFrom(record)
     moved.state = state  # type: ignore[assignment]
     return moved
+
+
+def _files_beside(directory: Path, segment: tpb.LocalSegment) -> dict[str, bytes | None]:
+    """The small objects a copy ships beside the segment, by suffix: its indexes, the
+    producer snapshot at its end and the leader epochs (None: the file is not there)."""
+    base = segment.base_offset
+    return {
+        layout.OFFSET_INDEX: _read_if_present(directory / f"{base:020d}{layout.OFFSET_INDEX}"),
+        layout.TIME_INDEX: _read_if_present(directory / f"{base:020d}{layout.TIME_INDEX}"),
+        layout.PRODUCER_SNAPSHOT: _read_if_present(
+            directory / f"{segment.next_offset:020d}{layout.PRODUCER_SNAPSHOT}"
+        ),
+        layout.LEADER_EPOCHS: _read_if_present(directory / LEADER_EPOCH_CHECKPOINT)
+        or b"0\n0\n",  # an empty checkpoint: version 0, no entries
+    }
 
 
 def _read_if_present(path: Path) -> bytes | None:
