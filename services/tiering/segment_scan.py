@@ -44,8 +44,7 @@ def scan_segment(
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
         data = memoryview(mapped)
         try:
-            span: list[tuple[int, int, int, int, int]] = []  # pos, end, base, last, max ts
-            span_first_ts = NO_TIMESTAMP
+            span: _Span | None = None
             walked = 0
             for position, header in iter_batches(data):
                 walked = position + header.size
@@ -58,37 +57,39 @@ def scan_segment(
                     scan.epochs.append((header.partition_leader_epoch, header.base_offset))
                 scan.end_offset = header.last_offset
                 scan.max_timestamp = max(scan.max_timestamp, header.max_timestamp)
-                if span and span[-1][1] - span[0][0] + header.size > span_bytes:
-                    scan.entries.append(_entry(span, span_first_ts, object_uri))
-                    span = []
-                if not span:
-                    span_first_ts = header.base_timestamp
-                span.append(
-                    (
-                        position,
-                        walked,
-                        header.base_offset,
-                        header.last_offset,
-                        header.max_timestamp,
-                    )
-                )
+                if span is not None and walked - span.start > span_bytes:
+                    scan.entries.append(span.entry(object_uri))
+                    span = None
+                if span is None:
+                    span = _Span(position, header.base_offset, header.base_timestamp)
+                span.end = walked
+                span.last_offset = header.last_offset
+                span.last_timestamp = max(span.last_timestamp, header.max_timestamp)
             if walked != size:
                 raise SegmentChangedError(f"batches end at {walked}, the segment at {size}")
-            if span:
-                scan.entries.append(_entry(span, span_first_ts, object_uri))
+            if span is not None:
+                scan.entries.append(span.entry(object_uri))
         finally:
             data.release()
     return scan
 
 
-def _entry(
-    span: list[tuple[int, int, int, int, int]], first_timestamp: int, object_uri: str
-) -> IndexEntry:
-    start, end = span[0][0], span[-1][1]
-    return IndexEntry(
-        first_offset=span[0][2],
-        last_offset=span[-1][3],
-        first_timestamp=first_timestamp,
-        last_timestamp=max(batch[4] for batch in span),
-        rdi=RemoteDataId(object_uri, start, end - start),
-    )
+@dataclass(slots=True)
+class _Span:
+    """The batches one index entry covers so far (they lie back to back in the segment)."""
+
+    start: int  # position of the first batch
+    first_offset: int
+    first_timestamp: int
+    end: int = 0  # position after the last batch
+    last_offset: int = -1
+    last_timestamp: int = NO_TIMESTAMP
+
+    def entry(self, object_uri: str) -> IndexEntry:
+        return IndexEntry(
+            first_offset=self.first_offset,
+            last_offset=self.last_offset,
+            first_timestamp=self.first_timestamp,
+            last_timestamp=self.last_timestamp,
+            rdi=RemoteDataId(object_uri, self.start, self.end - self.start),
+        )
