@@ -41,7 +41,6 @@ from directlog.remote.index import (
     CorruptIndexError,
     IndexEntry,
     RemoteIndex,
-    RemoteIndexFile,
     decode_entries,
     encode_entries,
 )
@@ -408,23 +407,25 @@ class RemoteLogManager:
         index = work.index
         now = self._now_ms()
         if index.rotation_due(self.settings.index_rotate_bytes, self.settings.index_rotate_ms, now):
-            await self._ship(work, index.rotate(entries[0].first_offset, now))
+            await asyncio.to_thread(self._rotate, work, entries[0].first_offset, now)
         await asyncio.to_thread(index.append, entries, now)
 
     async def _rotate_if_due(self, work: PartitionTiering) -> None:
         index = work.index
         now = self._now_ms()
         if index.rotation_due(self.settings.index_rotate_bytes, self.settings.index_rotate_ms, now):
-            await self._ship(work, index.rotate(index.end_offset, now))
+            await asyncio.to_thread(self._rotate, work, index.end_offset, now)
             await self.link.remote_log_changed(work.hosted.topic, work.hosted.partition)
 
-    async def _ship(self, work: PartitionTiering, closed: RemoteIndexFile | None) -> None:
-        """Upload a rotated set of remote index files, so replicas can take it whole."""
+    def _rotate(self, work: PartitionTiering, next_offset: int, now_ms: int) -> None:
+        """Close the active remote index set and upload it, so replicas can take it whole
+        (blocking: on a worker thread)."""
+        closed = work.index.rotate(next_offset, now_ms)
         if closed is None:
             return
         for suffix, path in zip(layout.INDEX_SUFFIXES, closed.paths, strict=True):
             key = layout.index_key(work.prefix, closed.base_offset, suffix)
-            await asyncio.to_thread(self.store.write, key, [path.read_bytes()])
+            self.store.write(key, [path.read_bytes()])
 
     async def _apply_retention(self, work: PartitionTiering, config: LogConfig) -> None:
         hosted = work.hosted
@@ -455,7 +456,10 @@ class RemoteLogManager:
                 record.end_offset,
             )
             await self._delete_copy(work, record)
-        dropped = work.index.drop_below(new_start) if kept else _drop_all(work.index)
+        if kept:
+            dropped = await asyncio.to_thread(work.index.drop_below, new_start)
+        else:
+            dropped = await asyncio.to_thread(_drop_all, work.index)
         await asyncio.to_thread(
             self.store.delete,
             [
@@ -499,7 +503,7 @@ class RemoteLogManager:
         work.next_sync = time.monotonic() + self.settings.follower_sync_interval_ms / 1000
         await self._announce_once(work)
         changed = await self._catch_up_index(work)
-        if work.index.drop_below(work.hosted.log_start_offset):
+        if await asyncio.to_thread(work.index.drop_below, work.hosted.log_start_offset):
             changed = True
         if changed:
             await self.link.remote_log_changed(work.hosted.topic, work.hosted.partition)
