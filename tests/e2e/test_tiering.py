@@ -127,7 +127,9 @@ def test_a_killed_leaders_successor_serves_remote_data_and_copies_on(tmp_path):
 def test_a_wiped_follower_rejoins_fetching_only_the_local_part(tmp_path):
     sent = values(3000, seed=8)
     total = sum(len(v) for v in sent)
-    with Cluster(tmp_path, brokers=2, tiering=tiering_settings("file", tmp_path, None)) as cluster:
+    with Cluster(
+        tmp_path, brokers=2, tiering=tiering_settings("file", tmp_path, None, index_rotate_bytes=64)
+    ) as cluster:
         create_tiered_topic(cluster, "metrics", replicas=2)
         produce(cluster.bootstrap, "metrics", sent, recent_base_timestamp())
         leader = leader_of(cluster, "metrics")
