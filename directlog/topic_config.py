@@ -63,6 +63,8 @@ class LogConfig:
     local_retention_bytes: int = FOLLOW_RETENTION
     remote_log_copy_disable: bool = False  # keep what is remote, copy nothing more
     remote_log_delete_on_disable: bool = False  # remote.storage.enable=false deletes it
+    # Whether consumers older than the v2 record format (Fetch v0-3) are served, converted.
+    message_downconversion_enable: bool = True
 
     @property
     def compact(self) -> bool:
@@ -212,4 +214,5 @@ _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
     "local.retention.bytes": ("local_retention_bytes", int, FOLLOW_RETENTION, None),
     "remote.log.copy.disable": ("remote_log_copy_disable", _parse_bool, None, None),
     "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _parse_bool, None, None),
+    "message.downconversion.enable": ("message_downconversion_enable", _parse_bool, None, None),
 }

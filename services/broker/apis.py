@@ -24,15 +24,13 @@ from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
 from directlog.protocol.rdma_replica import RdmaReplicaRequest, RdmaReplicaResponse
 from directlog.records.batch import (
+    LOG_OVERHEAD,
     MAGIC,
     NO_TIMESTAMP,
     Record,
     build_batch,
-    decode_records,
-    iter_batches,
 )
-from directlog.records.compression import Compression
-from directlog.records.legacy import LegacyMessage, decode_message_set, encode_message_set
+from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import flag
@@ -40,8 +38,22 @@ from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
+from services.broker.down_conversion import (
+    DownConversion,
+    Source,
+    holds_zstd,
+    legacy_magic,
+    overflow,
+)
 from services.broker.error_codes import error_code_for
-from services.broker.fetch_response import Part, PartitionData, TopicData, encode_fetch_response
+from services.broker.fetch_response import (
+    Part,
+    PartitionData,
+    Records,
+    TopicData,
+    encode_fetch_response,
+    part_size,
+)
 from services.broker.groups.handlers import GroupApis
 from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
@@ -442,25 +454,32 @@ class KafkaApis:
                         upper = partition_log.log_end_offset
                     else:
                         upper = partition_log.high_watermark
+                        if version < 4:
+                            self._check_down_conversion(name, version)
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
                     budget = max(min(wanted.partition_max_bytes, max_bytes - total), 0)
+                    # KIP-74 (Fetch v3+): the first partition's first batch goes even past
+                    # the limits; before v3 the limits hold.
+                    min_one_batch = total == 0 and version >= 3
                     read = partition_log.read(
                         wanted.fetch_offset,
                         budget,
                         upper_offset=upper,
-                        min_one_batch=total == 0,
+                        min_one_batch=min_one_batch,
                     )
-                    data.records = read.records
                     data.offsets = read.offsets
-                    if version < 4 and read.records.size:
-                        data.records = _down_convert(read.records.read(), 0 if version < 2 else 1)
-                    total += data.records_size
+                    data.records = self._client_records(
+                        read.records, version, replica, name, wanted.fetch_offset < upper
+                    )
+                    total += read.records.size
                 except OffsetMovedToTieredStorageError as moved:
                     if replica < 0 and self.remote_reads is not None:
                         tp = TopicPartition(name, wanted.partition)
                         remote.append(
-                            _RemoteFetch(data, tp, partition_log, moved.offset, budget, total == 0)
+                            _RemoteFetch(
+                                data, tp, partition_log, moved.offset, budget, min_one_batch
+                            )
                         )
                         total += budget
                     else:  # a follower restarts from the leader's local log start (KIP-405)
@@ -480,7 +499,9 @@ class KafkaApis:
                     data.error_code, _ = self._item_error(
                         error, "fetch", f"{name}-{wanted.partition}"
                     )
-                    data.records = None if not isinstance(error, OffsetOutOfRangeError) else b""
+                    # Old consumers read a null message set as a malformed answer.
+                    empty = version < 4 or isinstance(error, OffsetOutOfRangeError)
+                    data.records = b"" if empty else None
                     failed = True
                 partitions.append(data)
             topics.append(TopicData(name, topic_id, partitions))
@@ -510,10 +531,51 @@ class KafkaApis:
             elif result is None or not result.records:
                 data.records = b""
             else:
-                data.records = result.records
+                try:
+                    data.records = self._client_records(
+                        memoryview(result.records), version, -1, fetch.tp.topic, True
+                    )
+                except KafkaError as error:
+                    data.error_code, _ = self._item_error(error, "fetch", str(fetch.tp))
+                    data.records = b""
+                    continue
                 data.offsets = result.offsets
-                if version < 4:
-                    data.records = _down_convert(bytes(result.records), 0 if version < 2 else 1)
+
+    def _check_down_conversion(self, topic: str, version: int) -> None:
+        """A Fetch below v4 needs conversion, which the topic may refuse (Kafka's
+        message.downconversion.enable): UNSUPPORTED_VERSION."""
+        if not self.image.config_for(topic).message_downconversion_enable:
+            raise KafkaError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"Fetch v{version} needs records converted to an older format, and "
+                f"message.downconversion.enable is false for {topic}",
+            )
+
+    def _client_records(
+        self, records: Source, version: int, replica: int, topic: str, more: bool
+    ) -> Records:
+        """What a fetch of `version` answers with `records` read for it: them, converted
+        for an old consumer, or UNSUPPORTED_COMPRESSION_TYPE (KafkaError) for zstd to a
+        consumer before Fetch v10. `more`: records exist at the fetch offset (so an empty
+        read before v3 means its first batch is above the limit: the client is told so
+        with a message cut off, as Kafka does, and raises its record-too-large error)."""
+        size = part_size(records)
+        if replica >= 0 or version >= 10:
+            return records
+        if size and holds_zstd(records):
+            raise KafkaError(
+                ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+                f"{topic} holds zstd batches, which Fetch v{version} cannot carry (v10+ can)",
+            )
+        if version >= 4:
+            return records
+        if not size:
+            return overflow(LOG_OVERHEAD) if more and version < 3 else b""
+        chunk_bytes = self.settings.down_conversion_chunk_bytes
+        conversion = DownConversion.plan(
+            records, legacy_magic(version), chunk_bytes, topic, self.metrics
+        )
+        return conversion if chunk_bytes else conversion.eager()
 
     # ListOffsets -----------------------------------------------------------------------
 
@@ -1282,16 +1344,3 @@ def _up_convert(message_set: bytes) -> bytes:
         for i, m in enumerate(messages)
     ]
     return build_batch(records)
-
-
-def _down_convert(data: bytes, magic: int) -> bytes:
-    """Whole v2 batches re-encoded as a legacy message set for a fetch below v4."""
-    messages = [
-        LegacyMessage(r.offset, r.timestamp if magic else None, r.key, r.value)
-        for position, header in iter_batches(data)
-        if not header.is_control
-        for r in decode_records(data, position, header)
-    ]
-    return (
-        encode_message_set(messages, magic=magic, compression=Compression.NONE) if messages else b""
-    )

@@ -1,7 +1,8 @@
 """Fetch responses written by hand, so record data can go from segment files to the socket
 with sendfile instead of through Python.
 
-The response is a list of parts: byte strings (header, metadata) and FileSlices (records).
+The response is a list of parts: byte strings (header, metadata), FileSlices (records) and
+DownConversions (records for old consumers, converted as they are sent).
 Layout per version follows Kafka's FetchResponse schema: throttle time from v1, top-level
 error and session id from v7, last stable offset and aborted transactions from v4, log
 start offset from v5, preferred read replica from v11, flexible encoding (compact arrays,
@@ -14,11 +15,18 @@ import uuid
 from dataclasses import dataclass
 
 from directlog.protocol.wire import Writer
+from services.broker.down_conversion import DownConversion
 from services.broker.storage import FileSlice
 
-# Bytes and views, and file slices for sendfile; a view of records read from the remote
-# store is a part of its own, sent as it is (no copy into the header's buffer).
-Part = bytes | memoryview | FileSlice
+# Bytes and views, file slices for sendfile, and conversions to run while sending; a view of
+# records read from the remote store is a part of its own, sent as it is (no copy into the
+# header's buffer).
+Part = bytes | memoryview | FileSlice | DownConversion
+Records = FileSlice | bytes | memoryview | DownConversion
+
+
+def part_size(part: Part) -> int:
+    return len(part) if isinstance(part, bytes | memoryview) else part.size
 
 
 @dataclass(slots=True)
@@ -28,16 +36,12 @@ class PartitionData:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    records: FileSlice | bytes | memoryview | None = None
+    records: Records | None = None
     offsets: int = 0  # records the slice spans, for metrics
 
     @property
     def records_size(self) -> int:
-        return (
-            0
-            if self.records is None
-            else (self.records.size if isinstance(self.records, FileSlice) else len(self.records))
-        )
+        return 0 if self.records is None else part_size(self.records)
 
 
 @dataclass(slots=True)
@@ -54,9 +58,9 @@ class _PartsWriter(Writer):
         super().__init__(flexible)
         self.parts: list[Part] = []
 
-    def records(self, records: FileSlice | bytes | memoryview | None, size: int) -> None:
+    def records(self, records: Records | None, size: int) -> None:
         self.length(None if records is None else size)
-        if isinstance(records, FileSlice | memoryview):
+        if isinstance(records, FileSlice | memoryview | DownConversion):
             if size:
                 self.parts.append(bytes(self.buffer))
                 self.buffer = bytearray()

@@ -164,6 +164,28 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # Fetches of old consumers (services/broker/down_conversion.py), meaning what Kafka's
+        # FetchMessageConversionsPerSec, MessageConversionsTimeMs and TemporaryMemoryBytes do.
+        self.message_conversions = Counter(
+            "directlog_broker_fetch_message_conversions",
+            "Records converted to an older message format for old consumers, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.conversion_time = Histogram(
+            "directlog_broker_message_conversion_seconds",
+            "Time spent converting one partition's records of an answer to an older format",
+            ["request"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.temporary_memory = Gauge(
+            "directlog_broker_temporary_memory_bytes",
+            "Bytes conversions in flight hold (source chunks and their converted forms)",
+            ["request"],
+            registry=r,
+        )
+
         # Labelled children looked up once: labels() costs more than the increment itself.
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
@@ -207,6 +229,11 @@ class BrokerMetrics:
             )
         children[0].inc(records)
         children[1].inc(size)
+
+    def converted(self, topic: str, records: int, seconds: float) -> None:
+        """One partition's answer to an old consumer converted: `records` in `seconds`."""
+        self.message_conversions.labels(topic).inc(records)
+        self.conversion_time.labels("fetch").observe(seconds)
 
     def pulled(self, tp: TopicPartition, size: int) -> None:
         self.replica_pulled_bytes.labels(tp.topic, str(tp.partition)).inc(size)

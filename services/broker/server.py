@@ -3,7 +3,8 @@ sans-I/O codec (directlog.protocol) and the handlers (apis.KafkaApis).
 
 Requests on one connection are answered in order, one at a time, as Kafka does; Produce
 requests that arrive in one read are appended together, then answered in order. Record
-data of fetch responses leaves through os.sendfile straight from the segment files. Bytes
+data of fetch responses leaves through os.sendfile straight from the segment files (for old
+consumers, converted chunk by chunk as it is sent: services/broker/down_conversion.py). Bytes
 that cannot be read as a Kafka request close that one connection with one log line; other
 clients never notice.
 """
@@ -11,6 +12,7 @@ clients never notice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -29,7 +31,8 @@ from directlog.protocol.api import (
 from directlog.protocol.errors import ErrorCode
 from directlog.records.errors import RecordError
 from services.broker.apis import CloseConnectionError, KafkaApis
-from services.broker.fetch_response import Part
+from services.broker.down_conversion import DownConversion
+from services.broker.fetch_response import Part, part_size
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage import FileSlice
 
@@ -217,23 +220,25 @@ class KafkaServer:
         self, connection: socket.socket, parts: list[Part], outbox: bytearray
     ) -> bytearray:
         """Queue one size-prefixed response behind `outbox`; file slices go out at once
-        with sendfile, and views (remote records) as they are, after what is queued.
-        Returns the bytes still queued."""
+        with sendfile, views (remote records) as they are, and conversions chunk by chunk
+        as they are made, after what is queued. Returns the bytes still queued."""
         loop = asyncio.get_running_loop()
-        outbox += sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts).to_bytes(
-            4, "big"
-        )
+        outbox += sum(part_size(p) for p in parts).to_bytes(4, "big")
         for part in parts:
-            if isinstance(part, FileSlice | memoryview):
-                if outbox:
-                    await loop.sock_sendall(connection, outbox)
-                    outbox = bytearray()
-                if isinstance(part, FileSlice):
-                    await _sendfile(connection, part)
-                else:
-                    await loop.sock_sendall(connection, part)
-            else:
+            if isinstance(part, bytes):
                 outbox += part
+                continue
+            if outbox:
+                await loop.sock_sendall(connection, outbox)
+                outbox = bytearray()
+            if isinstance(part, FileSlice):
+                await _sendfile(connection, part)
+            elif isinstance(part, DownConversion):
+                async with contextlib.aclosing(part.chunks()) as chunks:
+                    async for chunk in chunks:
+                        await loop.sock_sendall(connection, chunk)
+            else:
+                await loop.sock_sendall(connection, part)
         return outbox
 
 

@@ -102,6 +102,11 @@ class BrokerSettings(ServiceSettings):
     remote_log_reader_max_pending_tasks: int = Field(100, ge=1)
     remote_list_offsets_request_timeout_ms: int = Field(30000, ge=1)
 
+    # Fetches of consumers older than the v2 record format (Fetch v0-3) are converted while
+    # they are sent, this many bytes of batches at a time (KIP-283); 0 converts each answer
+    # whole before sending it, as brokers did before (docs/broker.md, "Old consumers").
+    down_conversion_chunk_bytes: int = Field(128 * 1024, ge=0)
+
     @model_validator(mode="after")
     def _remote_store_named(self) -> Self:
         if self.remote_log_storage_system_enable and not self.tiering_remote:

@@ -1,0 +1,237 @@
+"""Fetch answers for consumers older than the v2 record format: Fetch v0-1 read magic 0
+message sets, v2-3 magic 1. The log holds v2 batches, so these answers are converted, and
+lazily (KIP-283): while the response is written, one chunk of whole batches at a time, so a
+conversion holds about two chunks of memory however large the fetch.
+
+A response's size goes out before its records, so each partition commits to
+S_pre = max(its size before conversion, its first batch's size after) and sends exactly
+that. What converts longer is cut after the last whole batch that fits (the first always
+fits: KIP-74's progress rule); what converts shorter ends with a message header claiming
+more bytes than are left, which clients drop as a message cut off by the fetch limit.
+
+Each v2 batch becomes legacy messages of its own: an uncompressed batch one message per
+record, a compressed one a wrapper message with the same codec (gzip, snappy, lz4; the old
+formats have no zstd). Keys, values and timestamps (magic 1) carry over, with the batch's
+timestamp type; headers do not exist before v2 and are dropped; control batches are never
+handed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from directlog.records.batch import (
+    ATTRIBUTES_AT,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    TimestampType,
+    decode_records,
+    iter_batches,
+    peek_offset_and_size,
+)
+from directlog.records.compression import Compression
+from directlog.records.legacy import LegacyMessage, encode_message_set
+from services.broker.metrics import BrokerMetrics
+from services.broker.storage import FileSlice
+
+# The trailing partial message: offset -1 and the largest size a message may claim, then
+# zeros up to the committed size (cut short when fewer than its 12 header bytes are left).
+_OVERFLOW_HEADER = struct.Struct(">qi").pack(-1, 0x7FFFFFFF)
+_ATTRIBUTES = struct.Struct(">h")
+_HEAD = ATTRIBUTES_AT + _ATTRIBUTES.size  # bytes of a batch up to its attributes
+
+Source = FileSlice | memoryview
+
+
+def legacy_magic(fetch_version: int) -> int:
+    """The message format a Fetch version reads: magic 0 for v0-1, magic 1 for v2-3."""
+    return 0 if fetch_version < 2 else 1
+
+
+def overflow(size: int) -> bytes:
+    """`size` bytes that old clients read as a message cut off at the end of a response."""
+    if size <= len(_OVERFLOW_HEADER):
+        return _OVERFLOW_HEADER[:size]
+    return _OVERFLOW_HEADER + bytes(size - len(_OVERFLOW_HEADER))
+
+
+def holds_zstd(source: Source) -> bool:
+    """Whether a batch in `source` is zstd-compressed, which only Fetch v10+ may carry; only
+    the batch headers are read."""
+    size = _size(source)
+    position = 0
+    while size - position >= _HEAD:
+        head = _read(source, position, _HEAD)
+        (attributes,) = _ATTRIBUTES.unpack_from(head, ATTRIBUTES_AT)
+        if attributes & 0x07 == Compression.ZSTD:
+            return True
+        peek = peek_offset_and_size(head)
+        assert peek is not None
+        position += max(peek[1], HEADER_SIZE)
+    return False
+
+
+def convert_batches(data: bytes | memoryview, magic: int) -> Iterator[tuple[bytes, int]]:
+    """(legacy message set, records in it) for each whole batch of `data`; nothing for a
+    control batch."""
+    for position, header in iter_batches(data):
+        if header.is_control:
+            continue
+        log_append = int(header.timestamp_type is TimestampType.LOG_APPEND_TIME)
+        messages = [
+            LegacyMessage(r.offset, r.timestamp if magic else None, r.key, r.value, log_append)
+            for r in decode_records(data, position, header)
+        ]
+        if messages:
+            yield (
+                encode_message_set(messages, magic=magic, compression=header.compression),
+                len(messages),
+            )
+
+
+@dataclass(slots=True, eq=False)
+class DownConversion:
+    """One partition's records of a Fetch below v4, converted when the response is sent:
+    `size` bytes (S_pre) come out of `chunks`, a chunk of `chunk_bytes` of source batches
+    at a time."""
+
+    source: Source
+    magic: int
+    size: int
+    chunk_bytes: int
+    topic: str
+    metrics: BrokerMetrics
+
+    @classmethod
+    def plan(
+        cls, source: Source, magic: int, chunk_bytes: int, topic: str, metrics: BrokerMetrics
+    ) -> DownConversion:
+        """Commit to S_pre for `source` (whole v2 batches): its first batch is converted
+        once here to learn its size, and dropped."""
+        first = _whole_batches(source, 0, 0)
+        first_size = sum(len(c) for c, _ in convert_batches(first, magic))
+        return cls(source, magic, max(_size(source), first_size), chunk_bytes, topic, metrics)
+
+    def eager(self) -> bytes:
+        """All `size` bytes at once: how brokers converted before KIP-283 (the whole
+        answer in memory until it is sent)."""
+        pieces = []
+        room = self.size
+        started = time.perf_counter()
+        converted = 0
+        position = 0
+        while position < _size(self.source):
+            data = _whole_batches(self.source, position, _size(self.source))
+            if not data:
+                break
+            out, records, full = _fit(data, self.magic, room)
+            pieces.append(out)
+            room -= len(out)
+            converted += records
+            position += len(data)
+            if full:
+                break
+        self._account(converted, time.perf_counter() - started)
+        pieces.append(overflow(room))
+        return b"".join(pieces)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The converted bytes, chunk by chunk, each converted on a worker thread once the
+        previous one has been sent; exactly `size` bytes in all."""
+        gauge = self.metrics.temporary_memory.labels("fetch")
+        room = self.size
+        seconds = 0.0
+        converted = 0
+        position = 0
+        held = 0  # bytes of source and converted data this conversion holds
+        try:
+            end = _size(self.source)
+            while position < end and room > 0:
+                started = time.perf_counter()
+                data = await asyncio.to_thread(
+                    _whole_batches, self.source, position, self.chunk_bytes
+                )
+                if not data:
+                    break
+                held = len(data)
+                gauge.inc(held)
+                out, records, full = await asyncio.to_thread(_fit, data, self.magic, room)
+                gauge.inc(len(out))
+                held += len(out)
+                seconds += time.perf_counter() - started
+                converted += records
+                position += len(data)
+                del data
+                if out:
+                    room -= len(out)
+                    yield out
+                del out
+                gauge.dec(held)
+                held = 0
+                if full:
+                    break
+            if room:
+                yield overflow(room)
+        finally:
+            gauge.dec(held)
+            self._account(converted, seconds)
+
+    def _account(self, records: int, seconds: float) -> None:
+        self.metrics.converted(self.topic, records, seconds)
+
+
+def _fit(data: bytes | memoryview, magic: int, room: int) -> tuple[bytes, int, bool]:
+    """The batches of `data` converted, as many as fit in `room` bytes: (bytes, records,
+    whether one did not fit)."""
+    out = []
+    used = 0
+    records = 0
+    for converted, count in convert_batches(data, magic):
+        if used + len(converted) > room:
+            return b"".join(out), records, True
+        out.append(converted)
+        used += len(converted)
+        records += count
+    return b"".join(out), records, False
+
+
+def _whole_batches(source: Source, start: int, max_bytes: int) -> bytes | memoryview:
+    """The whole batches of `source` from `start` within `max_bytes`, at least one (none
+    when the source does not go on with a whole batch there)."""
+    available = _size(source) - start
+    data = _read(source, start, min(max(max_bytes, LOG_OVERHEAD), available))
+    end = _whole_end(data)
+    if end == 0:  # the first batch alone is larger than max_bytes
+        peek = peek_offset_and_size(data)
+        if peek is None or not HEADER_SIZE <= peek[1] <= available:
+            return b""
+        data = _read(source, start, peek[1])
+        end = len(data)
+    return memoryview(data)[:end] if end < len(data) else data
+
+
+def _whole_end(data: bytes | memoryview) -> int:
+    """Where the last whole batch of `data` ends."""
+    end = 0
+    while True:
+        peek = peek_offset_and_size(data, end)
+        if peek is None or peek[1] < HEADER_SIZE or end + peek[1] > len(data):
+            return end
+        end += peek[1]
+
+
+def _size(source: Source) -> int:
+    return source.size if isinstance(source, FileSlice) else len(source)
+
+
+def _read(source: Source, start: int, size: int) -> bytes | memoryview:
+    if isinstance(source, FileSlice):
+        if source.file is None:
+            return b""
+        return os.pread(source.fileno(), size, source.position + start)
+    return source[start : start + size]
