@@ -27,7 +27,7 @@ from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import LOG_OVERHEAD
 from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
-from directlog.waits import wait_event
+from directlog.waits import wait_event, within
 from services.broker.partition import Partition
 from services.broker.tiered.remote_state import RemoteLogState
 
@@ -47,6 +47,7 @@ LIST_OFFSETS_VERSION = 8  # the first with EARLIEST_LOCAL (KIP-405)
 EARLIEST_LOCAL = -4
 UNDEFINED = -1
 CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = 30.0  # an answer later than this (past a fetch's wait): reconnect (Kafka's)
 _RETRY_PARTITION = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -155,8 +156,11 @@ class ReplicaFetcher:
                 if not await self._fetch(connection):
                     self._changed.clear()
                     await wait_event(self._changed, backoff)
-            except (OSError, ConnectionError, TimeoutError, CorruptRecordError) as error:
-                log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
+            except Exception as error:  # never end: the partitions would stop following
+                if isinstance(error, OSError | ConnectionError | TimeoutError | CorruptRecordError):
+                    log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
+                else:
+                    log.exception("fetching from broker %d failed; reconnecting", self.leader_id)
                 await self._disconnect()
                 await asyncio.sleep(backoff)
 
@@ -226,7 +230,10 @@ class ReplicaFetcher:
                 for topic, group in _by_topic(asking).items()
             ],
         )
-        response = await connection.request(request, OffsetForLeaderEpochResponse, self._client_id)
+        response = await within(
+            connection.request(request, OffsetForLeaderEpochResponse, self._client_id),
+            SOCKET_TIMEOUT,
+        )
         for topic in response.topics:
             for answer in topic.partitions:
                 asked = self.partitions.get(TopicPartition(topic.topic, answer.partition))
@@ -291,7 +298,10 @@ class ReplicaFetcher:
                 for s in states
             ],
         )
-        _, code, fetched = replica_fetch.decode_response(await connection.exchange(frame))
+        answer = await within(
+            connection.exchange(frame), self.settings.wait_max_ms / 1000 + SOCKET_TIMEOUT
+        )
+        _, code, fetched = replica_fetch.decode_response(answer)
         if code != ErrorCode.NONE:
             raise ConnectionError(f"fetch answered {_name(code)}")
         for data in fetched:
@@ -299,7 +309,14 @@ class ReplicaFetcher:
             state = self.partitions.get(tp)
             if state is None or tp not in offsets or state.truncating or state.pushed:
                 continue
-            self._apply_fetched(state, offsets[tp], data)
+            try:
+                self._apply_fetched(state, offsets[tp], data)
+            except (ConnectionError, CorruptRecordError):
+                raise
+            except Exception:  # this partition's log refused it: the others go on
+                log.exception("%s: taking what leader %d sent failed", tp, self.leader_id)
+                self._back_off(state)
+                continue
             state.lag = max(data.high_watermark - state.partition.log.log_end_offset, 0)
         return True
 
@@ -335,11 +352,12 @@ class ReplicaFetcher:
             raise ConnectionError(f"{state.partition.tp}: fetch answered {_name(code)}")
         if partition_log.log_end_offset != offset:
             return  # truncated or appended meanwhile; the next round starts from the new end
-        whole = _whole_batches(data.records)
-        if whole:
-            partition_log.append(data.records[:whole], assign_offsets=False)
+        start = 0
+        for end in _runs(data.records, partition_log.config.segment_bytes):
+            partition_log.append(data.records[start:end], assign_offsets=False)
             if self.pulled is not None:
-                self.pulled(state.partition.tp, whole)
+                self.pulled(state.partition.tp, end - start)
+            start = end
         partition_log.update_high_watermark(min(data.high_watermark, partition_log.log_end_offset))
         if data.log_start_offset > partition_log.log_start_offset:  # DeleteRecords, retention
             partition_log.advance_log_start(
@@ -405,7 +423,9 @@ class ReplicaFetcher:
                 )
             ],
         )
-        response = await connection.request(request, ListOffsetsResponse, self._client_id)
+        response = await within(
+            connection.request(request, ListOffsetsResponse, self._client_id), SOCKET_TIMEOUT
+        )
         answer = response.topics[0].partitions[0]
         if answer.error_code != ErrorCode.NONE or answer.offset < 0:
             raise ConnectionError(
@@ -425,17 +445,25 @@ def _by_topic(states: list[FollowState]) -> dict[str, list[FollowState]]:
     return grouped
 
 
-def _whole_batches(records: memoryview) -> int:
-    """The length of the whole record batches at the start of `records` (a fetch may end
-    with a partial batch, which the next fetch brings whole)."""
-    position = 0
+def _runs(records: memoryview, max_bytes: int) -> list[int]:
+    """Where each run of whole batches at the start of `records` ends, a run at most
+    `max_bytes` long unless one batch alone is longer: a fetch may bring more than a segment
+    holds (segment.bytes below replica_fetch_max_bytes), and one append goes to one
+    segment. A partial batch at the end is left for the next fetch to bring whole."""
+    ends: list[int] = []
+    run_start = position = 0
     size = len(records)
     while size - position >= LOG_OVERHEAD:
         length = LOG_OVERHEAD + int.from_bytes(records[position + 8 : position + 12], "big")
         if position + length > size:
             break
+        if position > run_start and position + length - run_start > max_bytes:
+            ends.append(position)
+            run_start = position
         position += length
-    return position
+    if position > run_start:
+        ends.append(position)
+    return ends
 
 
 def _name(code: int) -> str:

@@ -14,8 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    OffsetSpec,
+)
 
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Record, build_batch
@@ -24,6 +30,7 @@ from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.records import produce_raw
 from tests.e2e.replicated import (
+    PARTITIONS,
     TIMEOUT,
     TOPIC,
     Load,
@@ -91,6 +98,44 @@ def test_broker_with_an_empty_data_dir_rebuilds_from_its_peers(cluster: Cluster)
     stored = read_back(cluster)
     check_no_acknowledged_record_lost(load, stored)
     check_replicas_identical(cluster, stored)
+
+
+@pytest.mark.timeout(240)
+def test_a_follower_behind_by_more_than_a_segment_catches_up(cluster: Cluster) -> None:
+    """One replica fetch brings up to replica_fetch_max_bytes (1 MiB) from one leader
+    segment, more than segment.bytes holds once it has been made smaller: the follower
+    appends it a segment at a time and comes back into the ISR with the same bytes."""
+    behind = cluster.brokers[2]
+    behind.stop()
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 8192}
+    )
+    failures: list[str] = []
+    for i in range(300 * PARTITIONS):
+        producer.produce(
+            TOPIC,
+            value=b"%08d" % i + bytes(1016),
+            partition=i % PARTITIONS,
+            on_delivery=lambda error, _: error is None or failures.append(str(error)),
+        )
+        producer.poll(0)
+    assert producer.flush(TIMEOUT) == 0 and not failures, failures[:3]
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    smaller = ConfigResource(
+        "topic",
+        TOPIC,
+        incremental_configs=[
+            ConfigEntry("segment.bytes", "16384", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    for future in admin.incremental_alter_configs([smaller]).values():
+        future.result(TIMEOUT)
+    behind.start()
+    stored = read_back(cluster)
+    assert all(len(records) == 300 for records in stored.values()), stored.keys()
+    check_replicas_identical(cluster, stored)
+    segments = sorted((behind.data_dir / f"{TOPIC}-0").glob("*.log"))
+    assert len(segments) >= 300 * 1024 // 16384
 
 
 @pytest.mark.timeout(240)
