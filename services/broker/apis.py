@@ -38,18 +38,11 @@ from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
-from services.broker.down_conversion import (
-    DownConversion,
-    Source,
-    holds_zstd,
-    legacy_magic,
-    overflow,
-)
+from services.broker.down_conversion import DownConversion, holds_zstd, legacy_magic, overflow
 from services.broker.error_codes import error_code_for
 from services.broker.fetch_response import (
     Part,
     PartitionData,
-    Records,
     TopicData,
     encode_fetch_response,
     part_size,
@@ -64,7 +57,7 @@ from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
 from services.broker.settings import BrokerSettings
-from services.broker.storage import AppendResult, OffsetOutOfRangeError, PartitionLog
+from services.broker.storage import AppendResult, FileSlice, OffsetOutOfRangeError, PartitionLog
 from services.broker.storage.errors import OffsetMovedToTieredStorageError
 from services.broker.tiered.remote_reads import RemoteReader
 
@@ -404,6 +397,8 @@ class KafkaApis:
                 break
         if remote:
             await self._read_remote(remote, version)
+        if version < 10 and _replica_id(request, version) < 0:
+            await asyncio.to_thread(self._for_old_consumer, topics, version)
         for topic in topics:
             for partition in topic.partitions:
                 if partition.records_size:
@@ -469,9 +464,11 @@ class KafkaApis:
                         min_one_batch=min_one_batch,
                     )
                     data.offsets = read.offsets
-                    data.records = self._client_records(
-                        read.records, version, replica, name, wanted.fetch_offset < upper
-                    )
+                    data.records = read.records
+                    if not read.records.size and version < 3 and wanted.fetch_offset < upper:
+                        # Its first batch is above the limit: before KIP-74 the client is
+                        # told with a message cut off, and raises its record-too-large error.
+                        data.records = overflow(LOG_OVERHEAD)
                     total += read.records.size
                 except OffsetMovedToTieredStorageError as moved:
                     if replica < 0 and self.remote_reads is not None:
@@ -531,14 +528,7 @@ class KafkaApis:
             elif result is None or not result.records:
                 data.records = b""
             else:
-                try:
-                    data.records = self._client_records(
-                        memoryview(result.records), version, -1, fetch.tp.topic, True
-                    )
-                except KafkaError as error:
-                    data.error_code, _ = self._item_error(error, "fetch", str(fetch.tp))
-                    data.records = b""
-                    continue
+                data.records = memoryview(result.records)
                 data.offsets = result.offsets
 
     def _check_down_conversion(self, topic: str, version: int) -> None:
@@ -551,31 +541,31 @@ class KafkaApis:
                 f"message.downconversion.enable is false for {topic}",
             )
 
-    def _client_records(
-        self, records: Source, version: int, replica: int, topic: str, more: bool
-    ) -> Records:
-        """What a fetch of `version` answers with `records` read for it: them, converted
-        for an old consumer, or UNSUPPORTED_COMPRESSION_TYPE (KafkaError) for zstd to a
-        consumer before Fetch v10. `more`: records exist at the fetch offset (so an empty
-        read before v3 means its first batch is above the limit: the client is told so
-        with a message cut off, as Kafka does, and raises its record-too-large error)."""
-        size = part_size(records)
-        if replica >= 0 or version >= 10:
-            return records
-        if size and holds_zstd(records):
-            raise KafkaError(
-                ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
-                f"{topic} holds zstd batches, which Fetch v{version} cannot carry (v10+ can)",
-            )
-        if version >= 4:
-            return records
-        if not size:
-            return overflow(LOG_OVERHEAD) if more and version < 3 else b""
+    def _for_old_consumer(self, topics: list[TopicData], version: int) -> None:
+        """Records read for a consumer's Fetch below v10 (on a worker thread: it reads
+        batch headers and converts first batches): zstd batches, which it cannot carry, get
+        UNSUPPORTED_COMPRESSION_TYPE; below v4 the records are converted as they are sent,
+        their size committed here (or converted at once with down_conversion_chunk_bytes 0)."""
         chunk_bytes = self.settings.down_conversion_chunk_bytes
-        conversion = DownConversion.plan(
-            records, legacy_magic(version), chunk_bytes, topic, self.metrics
-        )
-        return conversion if chunk_bytes else conversion.eager()
+        for topic in topics:
+            for data in topic.partitions:
+                records = data.records
+                if not isinstance(records, FileSlice | memoryview) or not part_size(records):
+                    continue  # nothing read, or an answer already made (an error, a cut-off)
+                if holds_zstd(records):
+                    problem = KafkaError(
+                        ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+                        f"zstd batches, which Fetch v{version} cannot carry (v10+ can)",
+                    )
+                    item = f"{topic.name}-{data.index}"
+                    data.error_code, _ = self._item_error(problem, "fetch", item)
+                    data.records = b""
+                elif version < 4:
+                    magic = legacy_magic(version)
+                    conversion = DownConversion.plan(
+                        records, magic, chunk_bytes, topic.name, self.metrics
+                    )
+                    data.records = conversion if chunk_bytes else conversion.eager()
 
     # ListOffsets -----------------------------------------------------------------------
 
