@@ -22,7 +22,7 @@ import asyncio
 import os
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 
 from directlog.records.batch import (
@@ -140,7 +140,7 @@ class DownConversion:
         pieces.append(overflow(room))
         return b"".join(pieces)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The converted bytes, chunk by chunk, each converted on a worker thread once the
         previous one has been sent; exactly `size` bytes in all."""
         gauge = self.metrics.temporary_memory.labels("fetch")
@@ -188,7 +188,7 @@ class DownConversion:
 def _fit(data: bytes | memoryview, magic: int, room: int) -> tuple[bytes, int, bool]:
     """The batches of `data` converted, as many as fit in `room` bytes: (bytes, records,
     whether one did not fit)."""
-    out = []
+    out: list[bytes] = []
     used = 0
     records = 0
     for converted, count in convert_batches(data, magic):
