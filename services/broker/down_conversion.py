@@ -120,59 +120,39 @@ class DownConversion:
     def eager(self) -> bytes:
         """All `size` bytes at once: how brokers converted before KIP-283 (the whole
         answer in memory until it is sent)."""
-        pieces = []
-        room = self.size
         started = time.perf_counter()
-        converted = 0
-        position = 0
-        while position < _size(self.source):
-            data = _whole_batches(self.source, position, _size(self.source))
-            if not data:
-                break
-            out, records, full = _fit(data, self.magic, room)
-            pieces.append(out)
-            room -= len(out)
-            converted += records
-            position += len(data)
-            if full:
-                break
-        self._account(converted, time.perf_counter() - started)
-        pieces.append(overflow(room))
-        return b"".join(pieces)
+        _, out, records, _ = _step(self.source, 0, _size(self.source), self.magic, self.size)
+        self._account(records, time.perf_counter() - started)
+        return out + overflow(self.size - len(out))
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
-        """The converted bytes, chunk by chunk, each converted on a worker thread once the
-        previous one has been sent; exactly `size` bytes in all."""
+        """The converted bytes, chunk by chunk, each read and converted on a worker thread
+        once the previous one has been sent; exactly `size` bytes in all."""
         gauge = self.metrics.temporary_memory.labels("fetch")
         room = self.size
         seconds = 0.0
         converted = 0
         position = 0
-        held = 0  # bytes of source and converted data this conversion holds
+        held = 0  # bytes of source and converted data the chunk in flight holds
         try:
-            end = _size(self.source)
-            while position < end and room > 0:
+            while room > 0:
                 started = time.perf_counter()
-                data = await asyncio.to_thread(
-                    _whole_batches, self.source, position, self.chunk_bytes
+                consumed, out, records, full = await asyncio.to_thread(
+                    _step, self.source, position, self.chunk_bytes, self.magic, room
                 )
-                if not data:
-                    break
-                held = len(data)
-                gauge.inc(held)
-                out, records, full = await asyncio.to_thread(_fit, data, self.magic, room)
-                gauge.inc(len(out))
-                held += len(out)
                 seconds += time.perf_counter() - started
                 converted += records
-                position += len(data)
-                del data
-                if out:
+                if not consumed:
+                    break  # the source's end
+                position += consumed
+                if out:  # (control batches convert to nothing)
+                    held = consumed + len(out)
+                    gauge.inc(held)
                     room -= len(out)
                     yield out
-                del out
-                gauge.dec(held)
-                held = 0
+                    del out
+                    gauge.dec(held)
+                    held = 0
                 if full:
                     break
             if room:
@@ -185,19 +165,23 @@ class DownConversion:
         self.metrics.converted(self.topic, records, seconds)
 
 
-def _fit(data: bytes | memoryview, magic: int, room: int) -> tuple[bytes, int, bool]:
-    """The batches of `data` converted, as many as fit in `room` bytes: (bytes, records,
-    whether one did not fit)."""
+def _step(
+    source: Source, position: int, max_bytes: int, magic: int, room: int
+) -> tuple[int, bytes, int, bool]:
+    """Read the whole batches of `source` from `position` within `max_bytes` (at least
+    one) and convert as many as fit in `room` bytes: (source bytes read, converted bytes,
+    records, whether a batch did not fit)."""
+    data = _whole_batches(source, position, max_bytes)
     out: list[bytes] = []
     used = 0
     records = 0
     for converted, count in convert_batches(data, magic):
         if used + len(converted) > room:
-            return b"".join(out), records, True
+            return len(data), b"".join(out), records, True
         out.append(converted)
         used += len(converted)
         records += count
-    return b"".join(out), records, False
+    return len(data), b"".join(out), records, False
 
 
 def _whole_batches(source: Source, start: int, max_bytes: int) -> bytes | memoryview:

@@ -185,15 +185,25 @@ def test_a_file_slice_converts_as_memory_does(tmp_path):
 
 
 def test_control_batches_are_never_handed_over():
-    data = build_batch([Record(0, BASE_TIMESTAMP, b"a", b"1")]) + build_batch(
+    """A control batch converts to nothing; what follows it, even in a later chunk,
+    still goes."""
+    marker = build_batch(
         [Record(1, BASE_TIMESTAMP, b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x00")],
         control=True,
         transactional=True,
         producer_id=7,
         producer_epoch=0,
     )
-    _, out = convert(data, 1, 128 * 1024)
-    assert read_back(out) == [(0, BASE_TIMESTAMP, b"a", b"1")]
+    data = (
+        build_batch([Record(0, BASE_TIMESTAMP, b"a", bytes(200))])
+        + marker
+        + build_batch([Record(2, BASE_TIMESTAMP, b"b", bytes(200))])
+    )
+    _, out = convert(data, 1, 1)  # a chunk per batch
+    assert read_back(out) == [
+        (0, BASE_TIMESTAMP, b"a", bytes(200)),
+        (2, BASE_TIMESTAMP, b"b", bytes(200)),
+    ]
 
 
 def test_zstd_batches_are_found_from_their_headers():
