@@ -71,6 +71,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.consensus
 	$(PY) -m bench.peer_transport
 	$(PY) -m bench.tiering
+	$(PY) -m bench.down_conversion
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.

@@ -20,3 +20,16 @@ def decode_area(
     header_type: Any,
     /,
 ) -> list[Any] | None: ...
+def legacy_area(
+    buffer: Buffer,
+    pos: int,
+    end: int,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    fixed_timestamp: int | None,
+    magic: int,
+    attributes: int,
+    relative: bool,
+    /,
+) -> tuple[bytes, int, int] | None: ...

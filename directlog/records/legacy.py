@@ -28,7 +28,7 @@ _BODY_HEADER = struct.Struct(">IbB")  # crc, magic, attributes
 _TIMESTAMP = struct.Struct(">q")
 _LENGTH = struct.Struct(">i")
 _MIN_SIZE = {0: 14, 1: 22}  # crc + magic + attributes + [timestamp] + two length fields
-_TIMESTAMP_TYPE_BIT = 0x08
+LOG_APPEND_TIME_BIT = 0x08  # attributes of a magic 1 message whose timestamp is the append time
 _NO_TIMESTAMP = -1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -86,15 +86,32 @@ def encode_message_set(
     types = {m.timestamp_type for m in messages}
     if magic == 1 and len(types) > 1:
         raise ValueError("messages in one compressed set must share a timestamp type")
-    type_bits = _type_bits(types.pop(), magic)
+    timestamp_type = types.pop()
+    type_bits = _type_bits(timestamp_type, magic)
     base = 0 if magic == 0 else offsets[0]
     inner = b"".join(
         _entry(m.offset - base, magic, type_bits, _timestamp_of(m), m.key, m.value)
         for m in messages
     )
-    payload = compress(codec, inner, magic=magic)
     wrapper_timestamp = max(_timestamp_of(m) for m in messages)
-    return _entry(offsets[-1], magic, int(codec) | type_bits, wrapper_timestamp, None, payload)
+    return wrap(inner, offsets[-1], magic, codec, wrapper_timestamp, timestamp_type)
+
+
+def wrap(
+    inner: bytes,
+    last_offset: int,
+    magic: int,
+    codec: Compression,
+    timestamp: int,
+    timestamp_type: int,
+) -> bytes:
+    """The wrapper entry holding the message set `inner` compressed with `codec`: at the
+    offset of its last message, with the largest inner `timestamp` (magic 1) and their
+    common timestamp type."""
+    attributes = int(codec) | _type_bits(timestamp_type, magic)
+    return _entry(
+        last_offset, magic, attributes, timestamp, None, compress(codec, inner, magic=magic)
+    )
 
 
 def decode_message_set(
@@ -143,7 +160,7 @@ def _validate(message: LegacyMessage) -> None:
 
 
 def _type_bits(timestamp_type: int, magic: int) -> int:
-    return _TIMESTAMP_TYPE_BIT if magic == 1 and timestamp_type == 1 else 0
+    return LOG_APPEND_TIME_BIT if magic == 1 and timestamp_type == 1 else 0
 
 
 def _timestamp_of(message: LegacyMessage) -> int:
@@ -245,7 +262,7 @@ def _plain(raw: _RawEntry, type_attributes: int) -> LegacyMessage:
     wrapper's); magic 0 has neither timestamp nor type."""
     if raw.magic == 0:
         return LegacyMessage(raw.offset, None, raw.key, raw.value)
-    timestamp_type = 1 if type_attributes & _TIMESTAMP_TYPE_BIT else 0
+    timestamp_type = 1 if type_attributes & LOG_APPEND_TIME_BIT else 0
     return LegacyMessage(raw.offset, raw.timestamp, raw.key, raw.value, timestamp_type)
 
 
@@ -266,7 +283,7 @@ def _unwrap(wrapper: _RawEntry, inner_bytes: bytes) -> list[LegacyMessage]:
     if wrapper.magic == 0:
         return [_plain(raw, 0) for raw in inner]
     last_relative = inner[-1].offset
-    log_append = bool(wrapper.attributes & _TIMESTAMP_TYPE_BIT)
+    log_append = bool(wrapper.attributes & LOG_APPEND_TIME_BIT)
     messages = []
     for raw in inner:
         absolute = wrapper.offset - (last_relative - raw.offset)

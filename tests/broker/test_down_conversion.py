@@ -12,9 +12,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from directlog.records.batch import Header, Record, TimestampType, build_batch
+from directlog.records.batch import Header, Record, TimestampType, build_batch, iter_batches
 from directlog.records.compression import Compression
-from services.broker.down_conversion import DownConversion, holds_zstd, overflow
+from services.broker.down_conversion import (
+    DownConversion,
+    convert_in_c,
+    convert_in_python,
+    holds_zstd,
+    overflow,
+)
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage.log_file import FileSlice, LogFile
 
@@ -127,6 +133,16 @@ def test_a_conversion_sends_s_pre_bytes_of_whole_batches_then_padding(shapes, ma
     assert whole >= 1 and got == flat
     event("batches cut: longer after conversion" if whole < len(groups) else "every batch")
     event("padded" if MemoryRecords(out).valid_bytes() < len(out) else "exactly S_pre")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes=batches(), magic=st.sampled_from([0, 1]))
+def test_the_c_encoder_writes_what_the_python_one_does(shapes, magic):
+    data, _, _ = shapes
+    for position, header in iter_batches(data):
+        fast = convert_in_c(data, position, header, magic)
+        assert fast is not None
+        assert fast == convert_in_python(data, position, header, magic)
 
 
 def test_longer_after_conversion_sends_the_batches_that_fit():
