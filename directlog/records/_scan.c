@@ -492,6 +492,65 @@ static int legacy_fields(const uint8_t *buf, Py_ssize_t *at, Py_ssize_t end,
     return 0;
 }
 
+/* Bytes of a legacy entry besides its key and value: offset, size, crc, magic, attributes,
+ * timestamp (magic 1), key and value lengths. */
+static inline Py_ssize_t legacy_entry_overhead(int magic)
+{
+    return 12 + 4 + 2 + (magic == 1 ? 8 : 0) + 4 + 4;
+}
+
+/* The bytes the `count` records filling buf[pos:end] take as legacy entries of `magic`;
+ * -1 when they do not decode. */
+static Py_ssize_t legacy_entries_size(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end,
+                                      int64_t count, int magic)
+{
+    Py_ssize_t size = 0;
+    for (int64_t index = 0; index < count; index++) {
+        int64_t ts_delta, offset_delta, key_length, value_length;
+        Py_ssize_t key_at, value_at;
+        if (legacy_fields(buf, &pos, end, &ts_delta, &offset_delta, &key_at, &key_length,
+                          &value_at, &value_length) != 0)
+            return -1;
+        size += legacy_entry_overhead(magic) + (key_length > 0 ? key_length : 0) +
+                (value_length > 0 ? value_length : 0);
+    }
+    return pos == end && count > 0 ? size : -1;
+}
+
+/* legacy_size(buffer, pos, end, count, magic) -> the bytes legacy_area would write for
+ * these records uncompressed, or None when they do not decode: an uncompressed batch's
+ * converted size without converting it. */
+static PyObject *legacy_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "legacy_size takes 5 arguments");
+        return NULL;
+    }
+    int64_t n[5] = {0};
+    for (int i = 1; i < 5; i++) {
+        n[i] = PyLong_AsLongLong(args[i]);
+        if (n[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (n[4] != 0 && n[4] != 1) {
+        PyErr_SetString(PyExc_ValueError, "legacy_size: magic must be 0 or 1");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0)
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t pos = (Py_ssize_t)n[1], end = (Py_ssize_t)n[2];
+    if (pos < 0 || end < pos || end > view.len || n[3] < 0) {
+        PyErr_SetString(PyExc_ValueError, "legacy_size: bounds outside the buffer");
+    } else {
+        Py_ssize_t size = legacy_entries_size(view.buf, pos, end, n[3], (int)n[4]);
+        result = size < 0 ? Py_NewRef(Py_None) : PyLong_FromSsize_t(size);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* legacy_area(buffer, pos, end, count, base_offset, base_timestamp, fixed_timestamp, magic,
  * attributes, relative) -> (entries, last_offset, max_timestamp) or None: the `count`
  * records filling buffer[pos:end] as legacy entries of `magic` with `attributes`, each at
@@ -520,7 +579,7 @@ static PyObject *legacy_area(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "legacy_area: magic must be 0 or 1");
         return NULL;
     }
-    Py_ssize_t entry_fixed = 12 + 4 + 2 + (magic == 1 ? 8 : 0) + 4 + 4;
+    Py_ssize_t entry_fixed = legacy_entry_overhead(magic);
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0)
         return NULL;
@@ -530,18 +589,8 @@ static PyObject *legacy_area(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "legacy_area: bounds outside the buffer");
         goto done;
     }
-    /* First pass: check every record and size the entries. */
-    Py_ssize_t size = 0, at = pos;
-    for (int64_t index = 0; index < count; index++) {
-        int64_t ts_delta, offset_delta, key_length, value_length;
-        Py_ssize_t key_at, value_at;
-        if (legacy_fields(buf, &at, end, &ts_delta, &offset_delta, &key_at, &key_length,
-                          &value_at, &value_length) != 0)
-            goto declined;
-        size += entry_fixed + (key_length > 0 ? key_length : 0) +
-                (value_length > 0 ? value_length : 0);
-    }
-    if (at != end || count == 0)
+    Py_ssize_t size = legacy_entries_size(buf, pos, end, count, magic), at;
+    if (size < 0)
         goto declined;
     PyObject *entries = PyBytes_FromStringAndSize(NULL, size);
     if (entries == NULL)
@@ -619,6 +668,9 @@ static PyMethodDef methods[] = {
      "legacy_area(buffer, pos, end, count, base_offset, base_timestamp, fixed_timestamp, "
      "magic, attributes, relative) -> (entries, last_offset, max_timestamp), or None when "
      "the records do not decode"},
+    {"legacy_size", (PyCFunction)(void (*)(void))legacy_size, METH_FASTCALL,
+     "legacy_size(buffer, pos, end, count, magic) -> bytes of the uncompressed legacy "
+     "entries, or None when the records do not decode"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 
-from directlog.records._scan import legacy_area
+from directlog.records._scan import legacy_area, legacy_size
 from directlog.records.batch import (
     ATTRIBUTES_AT,
     HEADER_SIZE,
@@ -154,10 +154,8 @@ class DownConversion:
     def plan(
         cls, source: Source, magic: int, chunk_bytes: int, topic: str, metrics: BrokerMetrics
     ) -> DownConversion:
-        """Commit to S_pre for `source` (whole v2 batches): its first batch is converted
-        once here to learn its size, and dropped."""
-        first = _whole_batches(source, 0, 0)
-        first_size = sum(len(c) for c, _ in convert_batches(first, magic))
+        """Commit to S_pre for `source` (whole v2 batches)."""
+        first_size = _first_converted_size(source, magic)
         return cls(source, magic, max(_size(source), first_size), chunk_bytes, topic, metrics)
 
     def eager(self) -> bytes:
@@ -208,6 +206,19 @@ class DownConversion:
 
     def _account(self, records: int, seconds: float) -> None:
         self.metrics.converted(self.topic, records, seconds)
+
+
+def _first_converted_size(source: Source, magic: int) -> int:
+    """The converted size of `source`'s first batch: counted from its records when it is
+    uncompressed, else converted (and dropped): a compressed size is known once compressed."""
+    first = _whole_batches(source, 0, 0)
+    for position, header in iter_batches(first):
+        if header.compression is Compression.NONE and not header.is_control:
+            area = (position + HEADER_SIZE, position + header.size)
+            size = legacy_size(first, *area, header.records_count, magic)
+            if size is not None:
+                return size
+    return sum(len(converted) for converted, _ in convert_batches(first, magic))
 
 
 def _step(

@@ -12,7 +12,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from directlog.records.batch import Header, Record, TimestampType, build_batch, iter_batches
+from directlog.records._scan import legacy_size
+from directlog.records.batch import (
+    HEADER_SIZE,
+    Header,
+    Record,
+    TimestampType,
+    build_batch,
+    iter_batches,
+)
 from directlog.records.compression import Compression
 from services.broker.down_conversion import (
     DownConversion,
@@ -143,6 +151,9 @@ def test_the_c_encoder_writes_what_the_python_one_does(shapes, magic):
         fast = convert_in_c(data, position, header, magic)
         assert fast is not None
         assert fast == convert_in_python(data, position, header, magic)
+        if header.compression is Compression.NONE:  # sized without converting
+            area = (position + HEADER_SIZE, position + header.size)
+            assert legacy_size(data, *area, header.records_count, magic) == len(fast)
 
 
 def test_longer_after_conversion_sends_the_batches_that_fit():
