@@ -216,3 +216,4 @@ _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
     "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _parse_bool, None, None),
     "message.downconversion.enable": ("message_downconversion_enable", _parse_bool, None, None),
 }
+CONFIG_NAMES = frozenset(_PROPERTIES)  # every topic config, Kafka names

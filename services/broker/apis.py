@@ -33,7 +33,7 @@ from directlog.records.batch import (
 from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
-from directlog.topic_config import flag
+from directlog.topic_config import CONFIG_NAMES, flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
@@ -66,7 +66,11 @@ log = logging.getLogger(__name__)
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE = 0, 1
-CONFIG_SOURCE_TOPIC, CONFIG_SOURCE_DEFAULT = 1, 5
+CONFIG_SOURCE_TOPIC = 1  # Kafka's ConfigSource: a topic's override
+CONFIG_SOURCE_DYNAMIC_DEFAULT = 3  # the cluster-wide default (AlterConfigs of broker "")
+CONFIG_SOURCE_STATIC = 4  # the broker's settings (log_defaults)
+CONFIG_SOURCE_DEFAULT = 5  # built in
+LOG_PREFIX = "log."  # a broker names the default of topic config X log.X
 IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
@@ -1144,21 +1148,19 @@ class KafkaApis:
         for resource in request.resources:
             code, message, configs = ErrorCode.NONE, None, []
             try:
-                values, overrides = self._config_values(
-                    resource.resource_type, resource.resource_name
-                )
+                values = self._config_values(resource.resource_type, resource.resource_name)
                 keys = resource.configuration_keys
-                for name, value in sorted(values.items()):
+                for name, (value, source) in sorted(values.items()):
                     if keys is not None and name not in keys:
                         continue
-                    source = CONFIG_SOURCE_TOPIC if name in overrides else CONFIG_SOURCE_DEFAULT
                     configs.append(
                         entry(
                             name=name,
                             value=value,
-                            read_only=resource.resource_type == BROKER_RESOURCE,
+                            read_only=resource.resource_type == BROKER_RESOURCE
+                            and not name.startswith(LOG_PREFIX),
                             config_source=source,
-                            is_default=name not in overrides,
+                            is_default=source == CONFIG_SOURCE_DEFAULT,
                             is_sensitive=False,
                             synonyms=[],
                             config_type=0,
@@ -1180,38 +1182,50 @@ class KafkaApis:
             )
         return response(throttle_time_ms=0, results=results)
 
-    def _config_values(self, resource_type: int, name: str) -> tuple[dict[str, str], set[str]]:
+    def _config_values(self, resource_type: int, name: str) -> dict[str, tuple[str, int]]:
+        """Each config's value and its source."""
         if resource_type == TOPIC_RESOURCE:
             topic = self.image.topic(name)
             if topic is None:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
-            return self.image.config_for(name).to_properties(), set(topic.configs)
+            return {
+                k: (v, CONFIG_SOURCE_TOPIC if k in topic.configs else self._default_source(k))
+                for k, v in self.image.config_for(name).to_properties().items()
+            }
         if resource_type == BROKER_RESOURCE:
             if name not in ("", str(self.settings.node_id)):
                 raise KafkaError(
                     ErrorCode.INVALID_REQUEST, f"this broker is {self.settings.node_id}, not {name}"
                 )
             values = {
-                f"log.{k}" if not k.startswith("log.") else k: v
+                LOG_PREFIX + k: (v, self._default_source(k))
                 for k, v in self.image.log_defaults.to_properties().items()
             }
-            values.update(
-                {
-                    "auto.create.topics.enable": str(self.settings.auto_create_topics).lower(),
-                    "broker.id": str(self.settings.node_id),
-                    "broker.rack": self.settings.rack or "",
-                    "replica.lag.time.max.ms": str(self.settings.replica_lag_time_max_ms),
-                    "socket.request.max.bytes": str(self.settings.socket_request_max_bytes),
-                }
-            )
-            return values, set()
+            for key, value in (
+                ("auto.create.topics.enable", str(self.settings.auto_create_topics).lower()),
+                ("broker.id", str(self.settings.node_id)),
+                ("broker.rack", self.settings.rack or ""),
+                ("replica.lag.time.max.ms", str(self.settings.replica_lag_time_max_ms)),
+                ("socket.request.max.bytes", str(self.settings.socket_request_max_bytes)),
+            ):
+                values[key] = (value, CONFIG_SOURCE_DEFAULT)
+            return values
         raise KafkaError(
             ErrorCode.INVALID_REQUEST, f"resource type {resource_type} is not supported"
         )
 
+    def _default_source(self, name: str) -> int:
+        """Where the default of topic config ``name`` comes from."""
+        if name in self.image.dynamic_defaults:
+            return CONFIG_SOURCE_DYNAMIC_DEFAULT
+        if name in self.settings.log_defaults:
+            return CONFIG_SOURCE_STATIC
+        return CONFIG_SOURCE_DEFAULT
+
     async def alter_configs(self, request: Any, header: RequestHeader) -> Response:
         """Kafka's legacy AlterConfigs (KafkaJS's and kafka-python's admin clients send it):
-        each topic's overrides become exactly the ones named; a null value resets one."""
+        each topic's overrides (or the cluster-wide defaults) become exactly the ones named;
+        a null value resets one."""
 
         def alteration(resource: Any) -> pb.ConfigAlteration:
             wanted = {c.name: c.value for c in resource.configs if c.value is not None}
@@ -1239,24 +1253,33 @@ class KafkaApis:
     async def _alter_configs(
         self, key: ApiKey, request: Any, alteration: Callable[[Any], pb.ConfigAlteration]
     ) -> Response:
-        """Topic config changes through the controller, each topic's all or none; answered
-        once this broker's image shows them."""
+        """Topic config changes and the cluster-wide defaults (the broker resource "")
+        through the controller, each resource's all or none; answered once this broker's
+        image shows them."""
         response = APIS[key].response
         metric = key.name.lower()
-        answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
+        validate_only = bool(request.validate_only)
+        answers: dict[tuple[int, str], tuple[ErrorCode, str | None]] = {}
         alterations = []
         for resource in request.resources:
+            item = (resource.resource_type, resource.resource_name)
             try:
-                if resource.resource_type != TOPIC_RESOURCE:
-                    raise KafkaError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered")
+                if resource.resource_type not in (TOPIC_RESOURCE, BROKER_RESOURCE):
+                    raise KafkaError(
+                        ErrorCode.INVALID_REQUEST,
+                        "only topic configs and the brokers' log.* defaults can be altered",
+                    )
                 altered = alteration(resource)
+                if resource.resource_type == BROKER_RESOURCE:
+                    await self._alter_log_defaults(resource.resource_name, altered, validate_only)
+                    answers[item] = (ErrorCode.NONE, None)
+                    continue
                 self._check_remote_storage(altered.set)
                 alterations.append(altered)
             except Exception as error:
-                code, message = self._item_error(
+                answers[item] = self._item_error(
                     error, metric, f"resource {resource.resource_name!r}"
                 )
-                answers[resource.resource_name] = (code, message, None)
         if alterations:
             expected = {a.name: a for a in alterations}
 
@@ -1265,25 +1288,65 @@ class KafkaApis:
 
             reply = await self._admin(
                 lambda s: s.AlterConfigs,
-                pb.AlterConfigsRequest(
-                    topics=alterations, validate_only=bool(request.validate_only)
-                ),
-                applied if not request.validate_only else (lambda reply: True),
+                pb.AlterConfigsRequest(topics=alterations, validate_only=validate_only),
+                applied if not validate_only else (lambda reply: True),
                 list(expected),
             )
-            answers.update(self._answers(reply, metric))
+            for name, (code, message, _) in self._answers(reply, metric).items():
+                answers[TOPIC_RESOURCE, name] = (code, message)
         return response(
             throttle_time_ms=0,
             responses=[
                 response.AlterConfigsResourceResponse(
-                    error_code=answers[r.resource_name][0],
-                    error_message=answers[r.resource_name][1],
+                    error_code=answers[r.resource_type, r.resource_name][0],
+                    error_message=answers[r.resource_type, r.resource_name][1],
                     resource_type=r.resource_type,
                     resource_name=r.resource_name,
                 )
                 for r in request.resources
             ],
         )
+
+    async def _alter_log_defaults(
+        self, broker: str, alteration: pb.ConfigAlteration, validate_only: bool
+    ) -> None:
+        """The cluster-wide defaults of topic configs, Kafka's dynamic default broker
+        configs (``--entity-default``): ``log.<topic config>`` only, as DescribeConfigs of a
+        broker shows them. Raises KafkaError, the controller's refusals included."""
+        if broker:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"broker {broker}: per-broker dynamic configs are not supported; "
+                'alter the cluster-wide defaults (broker resource "") instead',
+            )
+        fixed = sorted(
+            name
+            for name in (*alteration.set, *alteration.delete)
+            if not name.startswith(LOG_PREFIX) or name.removeprefix(LOG_PREFIX) not in CONFIG_NAMES
+        )
+        if fixed:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"Cannot update these configs dynamically: {', '.join(fixed)} "
+                "(only the log.* defaults of topic configs can be)",
+            )
+        request = pb.AlterLogDefaultsRequest(
+            set={k.removeprefix(LOG_PREFIX): v for k, v in alteration.set.items()},
+            delete=[k.removeprefix(LOG_PREFIX) for k in alteration.delete],
+            replace=alteration.replace,
+            validate_only=validate_only,
+        )
+        self._check_remote_storage(request.set)
+        reply = await self._controller_topics(
+            lambda s: s.AlterLogDefaults,
+            request,
+            lambda reply: (
+                reply.error_code or validate_only or _holds(self.image.dynamic_defaults, request)
+            ),
+        )
+        if reply.error_code:
+            code = ErrorCode(reply.error_code)
+            raise KafkaError(code, reply.error_message or code.name)
 
     def _check_remote_storage(self, configs: Mapping[str, str]) -> None:
         """Kafka's rule: remote.storage.enable only on a broker with
@@ -1295,7 +1358,7 @@ class KafkaApis:
             raise KafkaError(
                 ErrorCode.INVALID_CONFIG,
                 "Tiered Storage functionality is disabled in the broker "
-                "(remote.log.storage.system.enable): a topic cannot set remote.storage.enable",
+                "(remote.log.storage.system.enable): remote.storage.enable cannot be turned on",
             )
 
     def _partition_count(self, name: str) -> int:
@@ -1304,13 +1367,18 @@ class KafkaApis:
 
     def _shows(self, alteration: pb.ConfigAlteration) -> bool:
         topic = self.image.topic(alteration.name)
-        if topic is None:
-            return False
-        if alteration.replace:
-            return topic.configs == dict(alteration.set)
-        return all(topic.configs.get(k) == v for k, v in alteration.set.items()) and not any(
-            k in topic.configs for k in alteration.delete
-        )
+        return topic is not None and _holds(topic.configs, alteration)
+
+
+def _holds(
+    configs: Mapping[str, str], alteration: pb.ConfigAlteration | pb.AlterLogDefaultsRequest
+) -> bool:
+    """Whether ``configs`` show the alteration made."""
+    if alteration.replace:
+        return configs == dict(alteration.set)
+    return all(configs.get(k) == v for k, v in alteration.set.items()) and not any(
+        k in configs for k in alteration.delete
+    )
 
 
 def _replica_id(request: Any, version: int) -> int:

@@ -4,17 +4,24 @@ The active controller streams it (WatchMetadata): a full image, then one delta p
 change. Everything a broker answers about the cluster — Metadata, DescribeCluster, which
 partitions it leads or follows — comes from here; nothing about the cluster is decided on a
 broker.
+
+A topic's log settings are layered: built-in defaults, the broker's static ``log_defaults``,
+the cluster-wide defaults set through the controller (Kafka's dynamic broker defaults), then
+the topic's overrides (``config_for``).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from directlog.rpc import controller_pb2 as pb
-from directlog.topic_config import LogConfig
+from directlog.topic_config import InvalidConfigError, LogConfig
 from directlog.topics import TopicPartition
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +69,14 @@ class ImageChange:
     full: bool
     partitions: list[tuple[TopicInfo, PartitionInfo]]  # new or changed
     deleted: list[TopicInfo]
-    reconfigured: list[TopicInfo]
+    reconfigured: list[TopicInfo]  # every topic when the cluster-wide defaults changed
 
 
 class ClusterImage:
-    def __init__(self, log_defaults: LogConfig) -> None:
-        self.log_defaults = log_defaults
+    def __init__(self, static_defaults: LogConfig) -> None:
+        self.static_defaults = static_defaults  # the broker's log_defaults setting
+        self.dynamic_defaults: dict[str, str] = {}  # the cluster-wide ones, Kafka topic names
+        self.log_defaults = static_defaults  # both layers: a topic without overrides
         self.version = -1
         self.cluster_id = ""
         self.controller_id = -1
@@ -105,7 +114,23 @@ class ClusterImage:
                 if topic.partitions.get(info.partition) != info or update.full:
                     topic.partitions[info.partition] = info
                     change.partitions.append((topic, info))
+        defaults = dict(update.log_defaults)
+        if defaults != self.dynamic_defaults:
+            self._set_defaults(defaults, change)
         return change
+
+    def _set_defaults(self, defaults: dict[str, str], change: ImageChange) -> None:
+        """New cluster-wide defaults, which every topic sees. The controller checked them
+        against every topic but cannot know this broker's static log_defaults: defaults that
+        do not combine with those are refused here and the previous ones kept, as a Kafka
+        broker keeps its config when a dynamic update fails on it."""
+        try:
+            self.log_defaults = LogConfig.from_properties(defaults, self.static_defaults)
+        except InvalidConfigError as exc:
+            log.error("cluster-wide log defaults %s refused, old ones kept: %s", defaults, exc)
+            return
+        self.dynamic_defaults = defaults
+        change.reconfigured = list(self.topics.values())
 
     def _merge_topic(self, state: pb.TopicState, change: ImageChange) -> TopicInfo:
         topic_id = uuid.UUID(bytes=state.topic_id)

@@ -16,6 +16,10 @@ Remote log metadata (KIP-405) is cached in part: which topics have records is lo
 the image, a partition's records only when a request first needs them (the caller reads
 them from the store and hands them to ``remote_loaded``). From then on this controller's own
 commits keep them current: it is the only writer while its term lasts.
+
+Topic configs are validated over the cluster-wide defaults (``log_defaults``, Kafka's dynamic
+broker defaults), the layer below a topic's overrides that this controller knows; a broker's
+static ``log_defaults`` lie below both.
 """
 
 from __future__ import annotations
@@ -92,13 +96,18 @@ class Change:
     # Remote log metadata, no part of the brokers' image. A topic None: its subtree is gone.
     remote_topics: Mapping[bytes, RemoteTopic | None] = field(default_factory=dict)
     remote_partitions: Mapping[tuple[bytes, int], RemotePartition] = field(default_factory=dict)
+    log_defaults: Mapping[str, str] | None = None  # the cluster-wide defaults, whole
 
     @property
     def touches_image(self) -> bool:
         """Whether the brokers' image changes: the producer id counter and the remote log
         metadata are no part of it, so changing them needs no metadata update."""
         return bool(
-            self.brokers or self.topics or self.delta.topics or self.delta.deleted_topic_ids
+            self.brokers
+            or self.topics
+            or self.delta.topics
+            or self.delta.deleted_topic_ids
+            or self.log_defaults is not None
         )
 
 
@@ -143,6 +152,7 @@ class Image:
     last_broker_epoch: int
     next_producer_id: int
     remote_topics: Mapping[bytes, RemoteTopic] = field(default_factory=dict)
+    log_defaults: Mapping[str, str] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -164,6 +174,7 @@ class ClusterState:
         self.last_broker_epoch = image.last_broker_epoch
         self.next_producer_id = image.next_producer_id
         self.remote_topics = dict(image.remote_topics)
+        self.log_defaults = dict(image.log_defaults)
         # The records of the partitions loaded so far, by topic id then partition.
         self.remote_partitions: dict[bytes, dict[int, RemotePartition]] = {}
         self.paths = paths
@@ -306,7 +317,7 @@ class ClusterState:
         found = 0
         ineligible = frozenset(self.fenced | self.shutting_down)
         for topic_id, topic in self.topics.items():
-            unclean = flag(topic.configs, "unclean.leader.election.enable")
+            unclean = self._in_force(topic.configs, "unclean.leader.election.enable")
             for index, state in enumerate(topic.partitions):
                 new = self._reelected(state, unclean, ineligible)
                 if new is not None:
@@ -536,7 +547,7 @@ class ClusterState:
                 f"replication factor {replication_factor}: "
                 f"{len(brokers)} brokers are registered and unfenced",
             )
-        _validate_configs(configs)
+        _validate_configs(configs, self._defaults())
         count = len(brokers)
         assignment = assign_replicas(
             brokers,
@@ -647,25 +658,8 @@ class ClusterState:
         """Incremental: set some overrides, delete others (a missing one is no error); or,
         with `replace_all` (Kafka's legacy AlterConfigs), make `set_configs` the only ones."""
         topic = self.find_topic(name)
-        delete = set(delete)
-        both = delete & set_configs.keys()
-        if both or (replace_all and delete):
-            raise KafkaError(
-                ErrorCode.INVALID_REQUEST,
-                f"set and deleted at once: {', '.join(sorted(both))}"
-                if both
-                else "a replacement deletes nothing by name",
-            )
-        configs = {} if replace_all else {k: v for k, v in topic.configs.items() if k not in delete}
-        configs.update(set_configs)
-        config = _validate_configs(configs)
-        if (
-            flag(topic.configs, "remote.storage.enable")  # stored, whatever else is stored
-            and not config.remote_storage_enable
-            and not config.remote_log_delete_on_disable
-        ):
-            # Kafka 3.9 (KIP-950): remote data is never left behind without a decision.
-            raise KafkaError(ErrorCode.INVALID_CONFIG, KIP_950_MESSAGE)
+        configs = _altered(topic.configs, set_configs, delete, replace_all)
+        self._check_topic(topic, configs, self._defaults())
         if configs == topic.configs:
             return Change(())
         data = layout.encode_topic(name, configs, [p.replicas for p in topic.partitions])
@@ -674,6 +668,54 @@ class ClusterState:
             Delta({topic.topic_id: frozenset()}),
             topics=(replace(topic, configs=configs),),
         )
+
+    def alter_log_defaults(
+        self, set_configs: Mapping[str, str], delete: Iterable[str], *, replace_all: bool = False
+    ) -> Change:
+        """The cluster-wide defaults of topic configs (Kafka's dynamic broker defaults, which
+        brokers name ``log.<name>``), altered as ``alter_configs`` alters a topic's overrides.
+        INVALID_CONFIG when a topic's overrides would not combine with the result, which
+        brokers could then not apply."""
+        for name, raw in set_configs.items():
+            try:
+                LogConfig.from_properties({name: raw})
+            except InvalidConfigError as exc:
+                raise KafkaError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"Invalid value {raw!r} for configuration log.{name}: {exc}",
+                ) from exc
+        defaults = _altered(self.log_defaults, set_configs, delete, replace_all)
+        config = _validate_configs(defaults)
+        for topic in self.topics.values():
+            try:
+                self._check_topic(topic, topic.configs, config)
+            except KafkaError as exc:
+                raise KafkaError(exc.code, f"topic {topic.name!r}: {exc}") from exc
+        if defaults == self.log_defaults:
+            return Change(())
+        op = SetData(self.paths.log_defaults, layout.encode_log_defaults(defaults))
+        return Change((op,), log_defaults=defaults)
+
+    def _defaults(self) -> LogConfig:
+        """What a topic without overrides gets, as far as this controller knows."""
+        return LogConfig.from_properties(self.log_defaults)
+
+    def _in_force(self, configs: Mapping[str, str], name: str) -> bool:
+        """A boolean config of a topic with the overrides ``configs``: its override, else the
+        cluster-wide default, read alone (``flag``)."""
+        return flag(configs if name in configs else self.log_defaults, name)
+
+    def _check_topic(self, topic: Topic, configs: Mapping[str, str], defaults: LogConfig) -> None:
+        """Whether ``topic`` may have the overrides ``configs`` over ``defaults`` (either may
+        be new): valid together, and, as in Kafka 3.9 (KIP-950), remote storage in force now
+        turned off only with its remote data deleted; INVALID_CONFIG otherwise."""
+        config = _validate_configs(configs, defaults)
+        if (
+            self._in_force(topic.configs, "remote.storage.enable")
+            and not config.remote_storage_enable
+            and not config.remote_log_delete_on_disable
+        ):
+            raise KafkaError(ErrorCode.INVALID_CONFIG, KIP_950_MESSAGE)
 
     # Producer ids -----------------------------------------------------------------------
 
@@ -918,6 +960,8 @@ class ClusterState:
             self.last_broker_epoch = change.last_broker_epoch
         if change.next_producer_id is not None:
             self.next_producer_id = change.next_producer_id
+        if change.log_defaults is not None:
+            self.log_defaults = dict(change.log_defaults)
         for topic_id in change.delta.deleted_topic_ids:
             self._forget(self.topics.pop(topic_id))
         for topic_id, remote in change.remote_topics.items():
@@ -972,8 +1016,30 @@ def _check_new_segment(segment: RemoteSegment, next_offset: int) -> None:
         )
 
 
-def _validate_configs(configs: Mapping[str, str]) -> LogConfig:
+def _altered(
+    current: Mapping[str, str],
+    set_configs: Mapping[str, str],
+    delete: Iterable[str],
+    replace_all: bool,
+) -> dict[str, str]:
+    """``current`` with ``set_configs`` set and ``delete`` removed (a missing one is no
+    error); with ``replace_all``, ``set_configs`` alone."""
+    delete = set(delete)
+    both = delete & set_configs.keys()
+    if both or (replace_all and delete):
+        raise KafkaError(
+            ErrorCode.INVALID_REQUEST,
+            f"set and deleted at once: {', '.join(sorted(both))}"
+            if both
+            else "a replacement deletes nothing by name",
+        )
+    configs = {} if replace_all else {k: v for k, v in current.items() if k not in delete}
+    configs.update(set_configs)
+    return configs
+
+
+def _validate_configs(configs: Mapping[str, str], base: LogConfig | None = None) -> LogConfig:
     try:
-        return LogConfig.from_properties(configs)
+        return LogConfig.from_properties(configs, base)
     except InvalidConfigError as exc:
         raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from exc

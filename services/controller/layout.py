@@ -7,6 +7,7 @@ Under the root (``/directlog`` by default)::
     controller_epoch            {"epoch": N}; every state write checks its znode version
     broker_epoch                {"last": N}: the last broker epoch handed out
     producer_ids                {"next": N}: the first producer id no block holds yet
+    log_defaults                {"configs": {...}}: the cluster-wide defaults of topic configs
     brokers/<id>                {"incarnation_id", "broker_epoch", "listeners", "rack"}
     topics/<topic id>           {"name", "configs", "replicas": [[1, 2, 3], ...]}
     topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch"}
@@ -26,6 +27,10 @@ records, ``version`` one more each time, so its znode version is always ``versio
 Records of a deleted topic stay (``"deleted": true``) until its remote objects are gone.
 Segment ids are written like topic ids.
 
+``log_defaults`` holds Kafka's dynamic broker defaults of the log settings under their topic
+config names (``retention.ms``, which brokers show as ``log.retention.ms``); a topic's
+``configs`` are its overrides of them.
+
 Everything is JSON: small, readable with any ZooKeeper shell, and tolerant of added keys.
 """
 
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from directlog import topics
+from directlog.topic_config import LogConfig
 from services.controller.model import (
     BrokerRegistration,
     Listener,
@@ -93,6 +99,7 @@ class Layout:
         self.controller_epoch = f"{self.root}/controller_epoch"
         self.broker_epoch = f"{self.root}/broker_epoch"
         self.producer_ids = f"{self.root}/producer_ids"
+        self.log_defaults = f"{self.root}/log_defaults"
         self.brokers = f"{self.root}/brokers"
         self.topics = f"{self.root}/topics"
         self.remote_log = f"{self.root}/remote_log"
@@ -186,6 +193,18 @@ def decode_next_producer_id(data: bytes) -> int:
     if not 0 <= value <= PRODUCER_ID_LIMIT:
         raise ValueError(f"next producer id {value} is out of range")
     return value
+
+
+def encode_log_defaults(configs: Mapping[str, str]) -> bytes:
+    return _dump({"configs": dict(configs)})
+
+
+def decode_log_defaults(data: bytes) -> dict[str, str]:
+    """Refuses defaults no AlterLogDefaults can have written, so a damaged znode stops a
+    takeover instead of reaching every broker."""
+    configs = {str(k): str(v) for k, v in _load(data)["configs"].items()}
+    LogConfig.from_properties(configs)  # InvalidConfigError is a ValueError
+    return configs
 
 
 def encode_broker(broker: BrokerRegistration) -> bytes:

@@ -64,7 +64,8 @@ def metadata_update(
     delta: Delta | None,
 ) -> pb.MetadataUpdate:
     """The whole image when ``delta`` is None, else the delta: every broker, the topics it
-    touched (only their changed partitions) and the topics it deleted."""
+    touched (only their changed partitions) and the topics it deleted. Both carry every
+    cluster-wide default of topic configs."""
     if delta is None:
         topics = [topic(item) for item in state.topics.values()]
         deleted: tuple[bytes, ...] = ()
@@ -80,6 +81,7 @@ def metadata_update(
         brokers=[broker(r, b in state.fenced) for b, r in sorted(state.brokers.items())],
         topics=topics,
         deleted_topic_ids=deleted,
+        log_defaults=state.log_defaults,
     )
 
 

@@ -275,6 +275,29 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         # unclean.leader.election.enable may have changed: leaderless partitions may lead.
         return await self._topics("AlterConfigs", context, plans, request.validate_only, kick=True)
 
+    async def AlterLogDefaults(
+        self, request: pb.AlterLogDefaultsRequest, context: Context
+    ) -> pb.AlterLogDefaultsReply:
+        with self._metrics.rpc("AlterLogDefaults"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        change = term.state.alter_log_defaults(
+                            dict(request.set), request.delete, replace_all=request.replace
+                        )
+                    except KafkaError as exc:
+                        log.info("AlterLogDefaults refused: %s", exc)
+                        return pb.AlterLogDefaultsReply(error_code=exc.code, error_message=str(exc))
+                    if not request.validate_only:
+                        await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        if change.ops and not request.validate_only:
+            log.info("cluster-wide log defaults now %s", term.state.log_defaults)
+            term.kick()  # unclean.leader.election.enable may have changed
+        return pb.AlterLogDefaultsReply()
+
     async def _topics(
         self,
         method: str,

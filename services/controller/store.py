@@ -113,6 +113,7 @@ class Store:
             (self.paths.broker_epoch, layout.encode_last_broker_epoch(0)),
             # Also for a store written before producer ids existed: ids then start at 0.
             (self.paths.producer_ids, layout.encode_next_producer_id(0)),
+            (self.paths.log_defaults, layout.encode_log_defaults({})),
             (self.paths.cluster_id, layout.encode_cluster_id(new_cluster_id)),
         ]
         for path, data in skeleton:
@@ -188,6 +189,7 @@ class Store:
             cluster_data, _ = await self._call(self._client.get_async, paths.cluster_id)
             last_data, _ = await self._call(self._client.get_async, paths.broker_epoch)
             producer_data, _ = await self._call(self._client.get_async, paths.producer_ids)
+            defaults_data, _ = await self._call(self._client.get_async, paths.log_defaults)
             broker_ids = sorted(
                 int(b) for b in await self._call(self._client.get_children_async, paths.brokers)
             )
@@ -208,6 +210,7 @@ class Store:
                 layout.decode_last_broker_epoch(last_data),
                 layout.decode_next_producer_id(producer_data),
                 await self._load_remote_topics(),
+                layout.decode_log_defaults(defaults_data),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc

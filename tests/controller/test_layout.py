@@ -27,6 +27,7 @@ def test_paths() -> None:
     assert paths.controller_epoch == "/clusters/a/controller_epoch"
     assert paths.broker(3) == "/clusters/a/brokers/3"
     assert paths.producer_ids == "/clusters/a/producer_ids"
+    assert paths.log_defaults == "/clusters/a/log_defaults"
     assert paths.topic(topic_id) == "/clusters/a/topics/AAECAwQFBgcICQoLDA0ODw"
     assert paths.partition(topic_id, 7) == "/clusters/a/topics/AAECAwQFBgcICQoLDA0ODw/7"
     assert paths.remote_log == "/clusters/a/remote_log"
@@ -58,6 +59,8 @@ def test_records_round_trip() -> None:
     assert layout.decode_broker(4, layout.encode_broker(broker)) == broker
     rackless = BrokerRegistration(5, "inc", 18, (), None)
     assert layout.decode_broker(5, layout.encode_broker(rackless)) == rackless
+    defaults = {"retention.ms": "5", "message.downconversion.enable": "false"}
+    assert layout.decode_log_defaults(layout.encode_log_defaults(defaults)) == defaults
     state = PartitionState((1, 2, 3), 2, 4, (2, 3), 9)
     assert layout.decode_partition((1, 2, 3), layout.encode_partition(state)) == state
     record = ControllerRecord(2, "127.0.0.1:9190", 6)

@@ -49,6 +49,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     ResourceType,
 )
 
@@ -874,9 +875,11 @@ def test_broker_default_turns_down_conversion_off(refusing_broker, clients, kp_c
     for produced in (plain, allowed):
         produce(clients, bootstrap, produced)
     admin = clients.admin(bootstrap)
-    broker_configs = describe(admin, ResourceType.BROKER, "0")
-    assert broker_configs[f"log.{DOWN_CONVERSION}"].value == "false"
-    assert describe(admin, ResourceType.TOPIC, plain.topic)[DOWN_CONVERSION].value == "false"
+    static = ("false", ConfigSource.STATIC_BROKER_CONFIG.value, False)
+    entry = describe(admin, ResourceType.BROKER, "0")[f"log.{DOWN_CONVERSION}"]
+    assert (entry.value, entry.source, entry.is_default) == static
+    entry = describe(admin, ResourceType.TOPIC, plain.topic)[DOWN_CONVERSION]
+    assert (entry.value, entry.source, entry.is_default) == static
     entry = describe(admin, ResourceType.TOPIC, allowed.topic)[DOWN_CONVERSION]
     assert (entry.value, entry.is_default) == ("true", False)
 
