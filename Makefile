@@ -9,9 +9,10 @@ BROKERS ?= 3
 # venv support, Python headers and a C compiler: the record scanner is a C extension.
 DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # Real clients the test suite drives from the shell, `ip` for the network namespaces the
-# consensus partition tests put members in, and rdma-core's pyverbs (the RDMA provider for
-# real devices, checked to import here).
-TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs
+# consensus partition tests put members in, rdma-core's pyverbs (the RDMA provider for
+# real devices, checked to import here) and a Java runtime for the Spark tests' local
+# SparkSession.
+TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs default-jre-headless
 
 .PHONY: test run lint bench proto clean
 
@@ -37,7 +38,8 @@ directlog/rpc/%_pb2.py: proto/%.proto $(STAMP)
 proto: $(GENERATED)
 
 test: $(STAMP) proto
-	@command -v kcat >/dev/null && command -v ip >/dev/null && test -d /usr/lib/python3/dist-packages/pyverbs \
+	@command -v kcat >/dev/null && command -v ip >/dev/null && command -v java >/dev/null \
+	  && test -d /usr/lib/python3/dist-packages/pyverbs \
 	  || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
 	$(PY) -m pytest

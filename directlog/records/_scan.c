@@ -22,7 +22,11 @@
  * legacy_area writes the records of a batch as legacy (magic 0 or 1) message entries, what
  * a broker sends consumers older than the v2 format: through Record objects and Python's
  * entry encoder that cost ~3 us per record, here the CRC-32 of each entry (zlib's, the
- * function Python's zlib module exposes) is most of it. It declines like decode_area. */
+ * function Python's zlib module exposes) is most of it. It declines like decode_area.
+ *
+ * record_columns lays the records of many batches out as Arrow columns (offsets,
+ * timestamps, keys, values, headers: validity bitmaps, offsets and data buffers), what the
+ * Spark data source hands Spark without making a Python object per record. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -171,13 +175,13 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     return result;
 }
 
-/* 1 if the CRC32C of buf[0:length] is `expected`, 0 if not, -1 with an exception set. */
-static int crc_matches(const uint8_t *buf, Py_ssize_t length, uint32_t expected)
+/* `function` (crc32c.crc32c or zlib.crc32) over buf[0:length]; -1 with an exception set. */
+static int64_t checksum(PyObject *function, const uint8_t *buf, Py_ssize_t length)
 {
     PyObject *area = PyMemoryView_FromMemory((char *)buf, length, PyBUF_READ);
     if (area == NULL)
         return -1;
-    PyObject *crc = PyObject_CallOneArg(crc32c_function, area);
+    PyObject *crc = PyObject_CallOneArg(function, area);
     Py_DECREF(area);
     if (crc == NULL)
         return -1;
@@ -185,7 +189,14 @@ static int crc_matches(const uint8_t *buf, Py_ssize_t length, uint32_t expected)
     Py_DECREF(crc);
     if (value == (unsigned long)-1 && PyErr_Occurred())
         return -1;
-    return value == expected;
+    return (int64_t)value;
+}
+
+/* 1 if the CRC32C of buf[0:length] is `expected`, 0 if not, -1 with an exception set. */
+static int crc_matches(const uint8_t *buf, Py_ssize_t length, uint32_t expected)
+{
+    int64_t value = checksum(crc32c_function, buf, length);
+    return value < 0 ? -1 : value == expected;
 }
 
 /* The checks of read_header, verify_crc and scan_records for an uncompressed batch at
@@ -431,23 +442,6 @@ static inline void store_be(uint8_t *p, uint64_t value, int bytes)
         p[i] = (uint8_t)value;
 }
 
-/* The CRC-32 (IEEE) of buf[0:length] through zlib.crc32; -1 with an exception set. */
-static int64_t crc32_of(const uint8_t *buf, Py_ssize_t length)
-{
-    PyObject *area = PyMemoryView_FromMemory((char *)buf, length, PyBUF_READ);
-    if (area == NULL)
-        return -1;
-    PyObject *crc = PyObject_CallOneArg(crc32_function, area);
-    Py_DECREF(area);
-    if (crc == NULL)
-        return -1;
-    unsigned long value = PyLong_AsUnsignedLong(crc);
-    Py_DECREF(crc);
-    if (value == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    return (int64_t)value;
-}
-
 /* One v2 record's fields at buf[*pos:end]: 0 with them filled in, -1 when it does not
  * decode (the caller declines). Headers are skipped: the legacy formats have none. */
 static int legacy_fields(const uint8_t *buf, Py_ssize_t *at, Py_ssize_t end,
@@ -638,7 +632,7 @@ static PyObject *legacy_area(PyObject *self, PyObject *const *args, Py_ssize_t n
             memcpy(out, buf + value_at, (size_t)value_length);
             out += value_length;
         }
-        int64_t crc = crc32_of(entry + 16, out - (entry + 16));
+        int64_t crc = checksum(crc32_function, entry + 16, out - (entry + 16));
         if (crc < 0) {
             Py_DECREF(entries);
             goto done;
@@ -652,6 +646,257 @@ declined:
 done:
     PyBuffer_Release(&view);
     return result;
+}
+
+/* Arrow buffers are little-endian; record_columns writes native integers into them. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "record_columns lays out Arrow buffers for little-endian machines only"
+#endif
+
+/* A growing byte buffer for record_columns. */
+typedef struct {
+    uint8_t *data;
+    Py_ssize_t size, capacity;
+} Grow;
+
+static int grow_reserve(Grow *g, Py_ssize_t more)
+{
+    if (g->size + more <= g->capacity)
+        return 0;
+    Py_ssize_t capacity = g->capacity ? g->capacity : 4096;
+    while (capacity < g->size + more)
+        capacity *= 2;
+    uint8_t *data = PyMem_Realloc(g->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->data = data;
+    g->capacity = capacity;
+    return 0;
+}
+
+static int grow_put(Grow *g, const void *bytes, Py_ssize_t length)
+{
+    if (grow_reserve(g, length) != 0)
+        return -1;
+    if (length > 0)
+        memcpy(g->data + g->size, bytes, (size_t)length);
+    g->size += length;
+    return 0;
+}
+
+/* Arrow's validity bitmap: bit i of byte i / 8, least significant first. */
+static int bit_put(Grow *g, Py_ssize_t index, int valid)
+{
+    if (index % 8 == 0 && grow_put(g, "\0", 1) != 0)
+        return -1;
+    if (valid)
+        g->data[index / 8] |= (uint8_t)(1u << (index % 8));
+    return 0;
+}
+
+/* A nullable binary column: validity, int32 offsets (starting at 0), data. */
+typedef struct {
+    Grow valid, offsets, data;
+    Py_ssize_t nulls;
+} Column;
+
+static int column_put(Column *c, Py_ssize_t index, const uint8_t *bytes, int64_t length)
+{
+    if (bit_put(&c->valid, index, length >= 0) != 0)
+        return -1;
+    if (length < 0)
+        c->nulls++;
+    else if (grow_put(&c->data, bytes, (Py_ssize_t)length) != 0)
+        return -1;
+    if (c->data.size > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "record_columns: over 2 GiB in one column");
+        return -1;
+    }
+    int32_t end = (int32_t)c->data.size;
+    return grow_put(&c->offsets, &end, 4);
+}
+
+static int column_offsets_start(Column *c)
+{
+    int32_t zero = 0;
+    return grow_put(&c->offsets, &zero, 4);
+}
+
+static void column_free(Column *c)
+{
+    PyMem_Free(c->valid.data);
+    PyMem_Free(c->offsets.data);
+    PyMem_Free(c->data.data);
+}
+
+static PyObject *grow_bytes(Grow *g)
+{
+    return PyBytes_FromStringAndSize((const char *)g->data, g->size);
+}
+
+static void grow_free(Grow *g) { PyMem_Free(g->data); }
+
+/* record_columns(areas, lower, upper, headers) -> (rows, offsets, timestamps, types,
+ * (key valid, key offsets, key data, key nulls), (value ...), headers or None) or None.
+ * `areas`: (buffer, count, base_offset, base_timestamp, fixed_timestamp or None,
+ * timestamp_type) per batch, the buffer holding its (decompressed) records. Records with
+ * offsets in [lower, upper) become rows: offsets int64, timestamps int64 microseconds,
+ * types int32, keys and values nullable binary columns, and, when `headers`, a list column
+ * as (list offsets, (name valid, name offsets, name data, nulls), (value ...)). None when a
+ * record does not decode (batch.decode_records then says why). */
+static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "record_columns takes 4 arguments");
+        return NULL;
+    }
+    PyObject *areas = args[0];
+    int64_t lower = PyLong_AsLongLong(args[1]), upper = PyLong_AsLongLong(args[2]);
+    int with_headers = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || with_headers < 0)
+        return NULL;
+    if (!PyList_Check(areas)) {
+        PyErr_SetString(PyExc_TypeError, "record_columns: areas must be a list");
+        return NULL;
+    }
+    Grow offsets = {0}, timestamps = {0}, types = {0}, header_offsets = {0};
+    Column keys = {{0}}, values = {{0}}, names = {{0}}, header_values = {{0}};
+    Py_ssize_t rows = 0, header_rows = 0;
+    int declined = 0;
+    if (column_offsets_start(&keys) || column_offsets_start(&values) ||
+        column_offsets_start(&names) || column_offsets_start(&header_values))
+        goto failed;
+    int32_t zero = 0;
+    if (with_headers && grow_put(&header_offsets, &zero, 4) != 0)
+        goto failed;
+    for (Py_ssize_t a = 0; a < PyList_GET_SIZE(areas) && !declined; a++) {
+        PyObject *item = PyList_GET_ITEM(areas, a);
+        PyObject *buffer, *fixed_object;
+        long long count, base_offset, base_timestamp;
+        int timestamp_type;
+        if (!PyArg_ParseTuple(item, "OLLLOi", &buffer, &count, &base_offset, &base_timestamp,
+                              &fixed_object, &timestamp_type))
+            goto failed;
+        int64_t fixed = 0;
+        if (fixed_object != Py_None && (fixed = PyLong_AsLongLong(fixed_object)) == -1 &&
+            PyErr_Occurred())
+            goto failed;
+        Py_buffer view;
+        if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) != 0)
+            goto failed;
+        const uint8_t *buf = view.buf;
+        Py_ssize_t pos = 0, end = view.len;
+        for (long long index = 0; index < count; index++) {
+            int64_t length, ts_delta, offset_delta, key_length, value_length, header_count;
+            if (read_varint(buf, &pos, end, VARINT_MAX, &length) != 0 || length < 6 ||
+                length > end - pos) {
+                declined = 1;
+                break;
+            }
+            Py_ssize_t record_end = pos + (Py_ssize_t)length;
+            pos += 1; /* attributes */
+            if (read_varint(buf, &pos, record_end, VARLONG_MAX, &ts_delta) != 0 ||
+                read_varint(buf, &pos, record_end, VARINT_MAX, &offset_delta) != 0 ||
+                read_varint(buf, &pos, record_end, VARINT_MAX, &key_length) != 0 ||
+                key_length < -1 || key_length > record_end - pos) {
+                declined = 1;
+                break;
+            }
+            Py_ssize_t key_at = pos;
+            pos += key_length > 0 ? (Py_ssize_t)key_length : 0;
+            if (read_varint(buf, &pos, record_end, VARINT_MAX, &value_length) != 0 ||
+                value_length < -1 || value_length > record_end - pos) {
+                declined = 1;
+                break;
+            }
+            Py_ssize_t value_at = pos;
+            pos += value_length > 0 ? (Py_ssize_t)value_length : 0;
+            if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_count) != 0 ||
+                header_count < 0 || header_count > record_end - pos) {
+                declined = 1;
+                break;
+            }
+            int64_t offset = base_offset + offset_delta;
+            int keep = offset >= lower && offset < upper;
+            for (int64_t h = 0; h < header_count; h++) {
+                int64_t name_length, header_length;
+                if (read_varint(buf, &pos, record_end, VARINT_MAX, &name_length) != 0 ||
+                    name_length < 0 || name_length > record_end - pos) {
+                    declined = 1;
+                    break;
+                }
+                Py_ssize_t name_at = pos;
+                pos += (Py_ssize_t)name_length;
+                if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_length) != 0 ||
+                    header_length < -1 || header_length > record_end - pos) {
+                    declined = 1;
+                    break;
+                }
+                Py_ssize_t header_at = pos;
+                pos += header_length > 0 ? (Py_ssize_t)header_length : 0;
+                if (keep && with_headers) {
+                    if (column_put(&names, header_rows, buf + name_at, name_length) != 0 ||
+                        column_put(&header_values, header_rows, buf + header_at,
+                                   header_length) != 0) {
+                        PyBuffer_Release(&view);
+                        goto failed;
+                    }
+                    header_rows++;
+                }
+            }
+            if (declined || pos != record_end) {
+                declined = 1;
+                break;
+            }
+            if (!keep)
+                continue;
+            int64_t timestamp = fixed_object != Py_None ? fixed : base_timestamp + ts_delta;
+            int64_t micros = timestamp * 1000;
+            int32_t header_end = (int32_t)header_rows;
+            if (grow_put(&offsets, &offset, 8) != 0 || grow_put(&timestamps, &micros, 8) != 0 ||
+                grow_put(&types, &timestamp_type, 4) != 0 ||
+                column_put(&keys, rows, buf + key_at, key_length) != 0 ||
+                column_put(&values, rows, buf + value_at, value_length) != 0 ||
+                (with_headers && grow_put(&header_offsets, &header_end, 4) != 0)) {
+                PyBuffer_Release(&view);
+                goto failed;
+            }
+            rows++;
+        }
+        if (!declined && pos != end)
+            declined = 1;
+        PyBuffer_Release(&view);
+    }
+    PyObject *result;
+    if (declined) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *header_part = Py_None;
+        if (with_headers)
+            header_part = Py_BuildValue(
+                "(N(NNNn)(NNNn))", grow_bytes(&header_offsets), grow_bytes(&names.valid),
+                grow_bytes(&names.offsets), grow_bytes(&names.data), names.nulls,
+                grow_bytes(&header_values.valid), grow_bytes(&header_values.offsets),
+                grow_bytes(&header_values.data), header_values.nulls);
+        else
+            Py_INCREF(Py_None);
+        if (header_part == NULL)
+            goto failed;
+        result = Py_BuildValue(
+            "(nNNN(NNNn)(NNNn)N)", rows, grow_bytes(&offsets), grow_bytes(&timestamps),
+            grow_bytes(&types), grow_bytes(&keys.valid), grow_bytes(&keys.offsets),
+            grow_bytes(&keys.data), keys.nulls, grow_bytes(&values.valid),
+            grow_bytes(&values.offsets), grow_bytes(&values.data), values.nulls, header_part);
+    }
+    grow_free(&offsets), grow_free(&timestamps), grow_free(&types), grow_free(&header_offsets);
+    column_free(&keys), column_free(&values), column_free(&names), column_free(&header_values);
+    return result;
+failed:
+    grow_free(&offsets), grow_free(&timestamps), grow_free(&types), grow_free(&header_offsets);
+    column_free(&keys), column_free(&values), column_free(&names), column_free(&header_values);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -671,6 +916,9 @@ static PyMethodDef methods[] = {
     {"legacy_size", (PyCFunction)(void (*)(void))legacy_size, METH_FASTCALL,
      "legacy_size(buffer, pos, end, count, magic) -> bytes of the uncompressed legacy "
      "entries, or None when the records do not decode"},
+    {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,
+     "record_columns(areas, lower, upper, headers) -> Arrow column buffers of the records "
+     "with offsets in [lower, upper), or None when a record does not decode"},
     {NULL, NULL, 0, NULL},
 };
 

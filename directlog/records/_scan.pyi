@@ -34,3 +34,10 @@ def legacy_area(
     /,
 ) -> tuple[bytes, int, int] | None: ...
 def legacy_size(buffer: Buffer, pos: int, end: int, count: int, magic: int, /) -> int | None: ...
+def record_columns(
+    areas: list[tuple[Buffer, int, int, int, int | None, int]],
+    lower: int,
+    upper: int,
+    headers: bool,
+    /,
+) -> tuple[Any, ...] | None: ...

@@ -1,0 +1,260 @@
+"""One offset range of one partition read into Arrow record batches, on a Spark executor.
+
+The range is fetched from the partition's leader with Fetch v12 over a plain blocking
+socket (a task reads one range, start to end), and each answer's batches go to Arrow column
+buffers in one C pass (directlog/records/_scan.c `record_columns`): no Python object is
+made per record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from directlog.client.common import leader_address
+from directlog.protocol import replica_fetch
+from directlog.protocol.errors import ErrorCode
+from directlog.records._scan import record_columns
+from directlog.records.batch import (
+    TimestampType,
+    decode_records,
+    iter_batches,
+    records_area,
+)
+from directlog.spark.offsets import OffsetRange, metadata_client
+from directlog.spark.options import ReadOptions
+
+FETCH_BYTES = 8 << 20  # one answer, at most
+MAX_DECOMPRESSED = 64 << 20
+WAIT_MS = 500
+ATTEMPTS = 10  # leader changes and the like, each after a back-off
+TIMEOUT = 30.0
+
+BINARY = pa.binary()
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+    ]
+)
+SCHEMA_WITH_HEADERS = SCHEMA.append(pa.field("headers", HEADER_TYPE))
+
+_RETRIABLE = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.REQUEST_TIMED_OUT,
+    ErrorCode.KAFKA_STORAGE_ERROR,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+}
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query was to read are gone (retention, DeleteRecords) while
+    failOnDataLoss is true."""
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """What a task reads: `topic`-`partition` from `start` up to `end` (exclusive)."""
+
+    client: dict[str, str]  # kafka.* options
+    topic: str
+    partition: int
+    start: int
+    end: int
+    include_headers: bool
+    fail_on_data_loss: bool
+
+
+def range_reads(options: ReadOptions, ranges: list[OffsetRange]) -> list[RangeRead]:
+    """What the tasks of a read get: its offset ranges with the options they need."""
+    return [
+        RangeRead(
+            options.client,
+            r.topic,
+            r.partition,
+            r.start,
+            r.end,
+            options.include_headers,
+            options.fail_on_data_loss,
+        )
+        for r in ranges
+    ]
+
+
+def read_range(read: RangeRead) -> Iterator[pa.RecordBatch]:
+    """The records of `read` in offset order, as Arrow record batches of SCHEMA (with
+    headers: SCHEMA_WITH_HEADERS)."""
+    offset = read.start
+    failures = 0
+    while offset < read.end:
+        try:
+            with _Leader(read) as leader:
+                while offset < read.end:
+                    answer = leader.fetch(offset)
+                    code = answer.error_code
+                    if code == ErrorCode.OFFSET_OUT_OF_RANGE and offset < answer.log_start_offset:
+                        offset = _lost(read, offset, answer.log_start_offset)
+                        continue
+                    if code in _RETRIABLE:
+                        raise _Retry(f"{read.topic}-{read.partition}: {ErrorCode(code).name}")
+                    if code != ErrorCode.NONE:
+                        raise RuntimeError(
+                            f"reading {read.topic}-{read.partition} at {offset}: "
+                            f"{ErrorCode(code).name}"
+                        )
+                    batch, offset = _columns(read, answer.records, offset)
+                    if batch is not None and batch.num_rows:
+                        yield batch
+                    failures = 0
+        except (_Retry, OSError) as error:
+            failures += 1
+            if failures >= ATTEMPTS:
+                raise RuntimeError(
+                    f"reading {read.topic}-{read.partition} failed: {error}"
+                ) from error
+            time.sleep(min(0.1 * 2**failures, 2.0))
+
+
+def _lost(read: RangeRead, offset: int, log_start: int) -> int:
+    if read.fail_on_data_loss:
+        raise DataLossError(
+            f"{read.topic}-{read.partition}: offsets {offset} to {log_start - 1} were deleted "
+            "(retention or DeleteRecords) before the query read them; set failOnDataLoss "
+            "to false to skip them"
+        )
+    return min(log_start, read.end)
+
+
+def _columns(
+    read: RangeRead, records: memoryview, offset: int
+) -> tuple[pa.RecordBatch | None, int]:
+    """The rows of the whole batches in `records` from `offset` up to read.end, and the
+    offset to fetch next."""
+    areas = []
+    next_offset = offset
+    for position, header in iter_batches(records):
+        next_offset = max(next_offset, header.next_offset)
+        if header.is_control or not header.records_count:
+            continue
+        log_append = header.timestamp_type is TimestampType.LOG_APPEND_TIME
+        area = records_area(records, position, header, MAX_DECOMPRESSED)
+        fixed = header.max_timestamp if log_append else None
+        areas.append(
+            (
+                area,
+                header.records_count,
+                header.base_offset,
+                header.base_timestamp,
+                fixed,
+                int(log_append),
+            )
+        )
+        if header.next_offset >= read.end:
+            break
+    if not areas:
+        return None, next_offset
+    columns = record_columns(areas, offset, read.end, read.include_headers)
+    if columns is None:  # not decodable in C: let the Python decoder name the fault
+        for position, header in iter_batches(records):
+            decode_records(records, position, header, MAX_DECOMPRESSED)
+        raise RuntimeError(f"{read.topic}-{read.partition}: records at {offset} do not decode")
+    return _record_batch(read, columns), next_offset
+
+
+def _record_batch(read: RangeRead, columns: tuple) -> pa.RecordBatch:  # type: ignore[type-arg]
+    rows, offsets, timestamps, types, keys, values, headers = columns
+    arrays = [
+        _binary(rows, keys),
+        _binary(rows, values),
+        pa.repeat(read.topic, rows).cast(pa.string()),
+        pa.repeat(pa.scalar(read.partition, pa.int32()), rows),
+        pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(offsets)]),
+        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), rows, [None, pa.py_buffer(timestamps)]),
+        pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(types)]),
+    ]
+    if not read.include_headers:
+        return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+    list_offsets, names, header_values = headers
+    count = int.from_bytes(list_offsets[-4:], "little")  # header entries in all
+    entries = pa.StructArray.from_arrays(
+        [_binary(count, names, pa.string()), _binary(count, header_values)], ["key", "value"]
+    )
+    bounds = pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(list_offsets)])
+    # Spark's Kafka source: a record without headers has null headers, not an empty list.
+    empty = pc.equal(pc.subtract(bounds[1:], bounds[:-1]), 0)
+    arrays.append(pa.ListArray.from_arrays(bounds, entries, mask=empty))
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA_WITH_HEADERS)
+
+
+def _binary(rows: int, column: tuple, kind: pa.DataType = BINARY) -> pa.Array:  # type: ignore[type-arg]
+    valid, offsets, data, nulls = column
+    buffers = [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(kind, rows, buffers, null_count=nulls)
+
+
+class _Retry(Exception):
+    """A failure worth another attempt from a fresh look at the partition's leader."""
+
+
+class _Leader:
+    """A connection to the partition's current leader, fetching one offset at a time."""
+
+    def __init__(self, read: RangeRead) -> None:
+        self.read = read
+        self._correlation = itertools.count(1)
+        metadata = metadata_client(read.client)
+        try:
+            host, port = leader_address(metadata, read.topic, read.partition, TIMEOUT).rsplit(
+                ":", 1
+            )
+        except Exception as error:
+            raise _Retry(str(error)) from error
+        finally:
+            metadata.close()
+        self._socket = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+
+    def __enter__(self) -> _Leader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._socket.close()
+
+    def fetch(self, offset: int) -> replica_fetch.FetchedPartition:
+        position = replica_fetch.FetchPosition(
+            self.read.topic, self.read.partition, -1, offset, -1, FETCH_BYTES
+        )
+        frame = replica_fetch.encode_request(
+            next(self._correlation), "directlog-spark", -1, WAIT_MS, FETCH_BYTES, [position]
+        )
+        self._socket.sendall(frame)
+        size = int.from_bytes(self._receive(4), "big")
+        _, code, partitions = replica_fetch.decode_response(memoryview(self._receive(size)))
+        if code != ErrorCode.NONE or len(partitions) != 1:
+            raise _Retry(f"fetch answered {code}")
+        return partitions[0]
+
+    def _receive(self, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        filled = 0
+        while filled < size:
+            received = self._socket.recv_into(view[filled:])
+            if not received:
+                raise ConnectionError("the leader closed the connection mid-answer")
+            filled += received
+        return buffer

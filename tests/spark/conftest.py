@@ -1,0 +1,61 @@
+"""Fixtures of the Spark data source tests: one SparkSession for the whole run (starting
+one takes seconds; its first Python worker, seconds more) with DirectlogSource registered,
+and a real broker per module, made as tests/e2e makes them.
+
+Spark's Python workers must run this interpreter (the venv's, where directlog and
+confluent-kafka are installed), hence PYSPARK_PYTHON before the session starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from directlog.spark import DirectlogSource
+from tests.e2e.broker import BrokerProcess
+from tests.e2e.conftest import clients, pytest_runtest_makereport, single_broker, topic_name
+
+# Shared with tests/e2e: confluent-kafka clients, per-test topic names, and the broker's
+# stderr tail in the report of a failing test.
+__all__ = ["clients", "module_broker", "pytest_runtest_makereport", "spark", "topic_name"]
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    previous = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("directlog-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(DirectlogSource)
+    try:
+        yield session
+    finally:
+        session.stop()
+        if previous is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = previous
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for a module's tests, which keep to topics of their own (topic_name)."""
+    with single_broker(tmp_path_factory.mktemp("spark-cluster")) as process:
+        yield process
