@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
+import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,12 +49,17 @@ class RdmaConfig:
 
 class LoopThread:
     """An asyncio loop on a daemon thread: the RDMA datapaths are asyncio code, while the
-    confluent API the application calls is synchronous and thread-safe."""
+    confluent API the application calls is synchronous and thread-safe.
+
+    A program may end without closing its client (confluent-kafka's Producer has no
+    close; a flush and exit is its normal end): the loop's tasks are then cancelled and
+    awaited at interpreter exit, so nothing is destroyed pending."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
+        self._stop = weakref.finalize(self, _stop_loop, self.loop, self._thread)
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
@@ -61,11 +68,26 @@ class LoopThread:
         return self.submit(coroutine).result(timeout)
 
     def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        self._stop()
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Cancel and await the loop's tasks, then stop and close it (once)."""
+    if loop.is_closed():
+        return
+    if thread.is_alive():
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    loop.close()
+
+
+async def _cancel_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def leader_address(client: Any, topic: str, partition: int, timeout: float) -> str:

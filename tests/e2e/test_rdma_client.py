@@ -6,8 +6,11 @@ back to TCP; bad rdma.* keys are refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -411,3 +414,34 @@ def test_bad_rdma_settings_are_refused(bad):
     for client in (Producer, Consumer):
         with pytest.raises(KafkaException):
             client(config("127.0.0.1:1", **{"group.id": "g", **bad}))
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys
+from directlog.client import Producer
+producer = Producer({"bootstrap.servers": sys.argv[1], "rdma.produce": "exclusive",
+                     "rdma.provider": sys.argv[2], "linger.ms": 1})
+for i in range(50):
+    producer.produce(sys.argv[3], b"v%d" % i, partition=0)
+assert producer.flush(30) == 0
+print("flushed")
+"""
+
+
+def test_a_program_may_exit_after_flush_without_close(rdma_broker, clients: Clients, topic_name):
+    """As with confluent-kafka's Producer, flush() and exit is a clean end: Python workers
+    (Spark's among them) come and go without closing their producers."""
+    broker, provider = rdma_broker
+    topic = topic_name("exit")
+    clients.create_topic(broker.bootstrap, topic, partitions=1, config=PREALLOCATED)
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITHOUT_CLOSE, broker.bootstrap, provider, topic],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "flushed", done.stderr
+    assert "Task was destroyed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    consumer = clients.consumer(broker.bootstrap)
+    assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 50)
