@@ -48,6 +48,7 @@ CODECS = {
     "lz4": Compression.LZ4,
     "zstd": Compression.ZSTD,
 }
+PARTITIONERS = ("consistent_random", "murmur2_random")  # what RDMA partitioning can follow
 WINDOW = 16  # batches one partition writes before it waits for their replies
 # An idempotent producer's: a broker remembers a producer's last 5 batches (Kafka's rule),
 # so no more may be in doubt when a write fails.
@@ -107,6 +108,12 @@ class Producer:
         if codec not in CODECS:
             raise KafkaException(f"compression.type {codec} is not one of {sorted(CODECS)}")
         self._codec = CODECS[codec]
+        partitioner = str(config.get("partitioner", "consistent_random"))
+        if self._rdma.produce != "off" and partitioner not in PARTITIONERS:
+            raise KafkaException(
+                f"with rdma.produce, partitioner must be one of {PARTITIONERS}, not {partitioner}"
+            )
+        self._murmur2 = partitioner == "murmur2_random"
         self._timeout = float(config.get("message.timeout.ms", 300000)) / 1000
         acks = str(config.get("acks", config.get("request.required.acks", "all"))).lower()
         self._acks = -1 if acks in ("all", "-1") else 1  # acks=0 is answered as acks=1
@@ -197,8 +204,9 @@ class Producer:
     # Partitioning ----------------------------------------------------------------------
 
     def _partition_for(self, topic: str, key: bytes | None) -> int:
-        """librdkafka's default partitioner (consistent_random): CRC-32 of the key, a
-        random partition for records without one."""
+        """The partition librdkafka's `partitioner` picks: consistent_random (its default:
+        CRC-32 of the key) or murmur2_random (the Java producer's: murmur2 of the key); a
+        random one for records without a key."""
         count = self._partition_counts.get(topic)
         if count is None:
             metadata = self._tcp.list_topics(topic, timeout=self._timeout)
@@ -210,6 +218,8 @@ class Producer:
             count = self._partition_counts[topic] = len(found.partitions)
         if key is None:
             return random.randrange(count)
+        if self._murmur2:
+            return (murmur2(key) & 0x7FFFFFFF) % count
         return zlib.crc32(key) % count
 
     # On the loop thread ----------------------------------------------------------------
@@ -474,3 +484,27 @@ def _header_items(
     if headers is None:
         return []
     return list(headers.items()) if isinstance(headers, dict) else list(headers)
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of a key (the Java producer's partitioner, librdkafka's
+    murmur2_random), as an unsigned 32-bit value."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    h = (0x9747B28C ^ len(data)) & mask
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[whole:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h = ((h ^ tail[0]) * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    return h ^ (h >> 15)

@@ -71,23 +71,26 @@ def by_partition(reports: list[tuple[Any, Any]]) -> dict[int, list[tuple[int, by
     return found
 
 
-@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+@pytest.mark.parametrize(
+    ("mode", "partitioner"), [("exclusive", "consistent_random"), ("shared", "murmur2_random")]
+)
 def test_producer_writes_over_rdma_where_confluent_would(
-    rdma_broker, clients: Clients, topic_name, mode
+    rdma_broker, clients: Clients, topic_name, mode, partitioner
 ):
     broker, provider = rdma_broker
     topic, reference = topic_name("p"), topic_name("ref")
     for name in (topic, reference):
         clients.create_topic(broker.bootstrap, name, partitions=3, config=PREALLOCATED)
-    producer = Producer(
-        config(broker.bootstrap, **{"rdma.produce": mode, "rdma.provider": provider})
-    )
+    settings = {"rdma.produce": mode, "rdma.provider": provider, "partitioner": partitioner}
+    producer = Producer(config(broker.bootstrap, **settings))
     try:
         reports = clients.produce_all(producer, topic, keyed(600))
     finally:
         producer.close()
-    # The same records through confluent-kafka land in the same partitions.
-    expected = clients.produce_all(clients.producer(broker.bootstrap), reference, keyed(600))
+    # The same records through confluent-kafka, with the same partitioner, land in the
+    # same partitions.
+    tcp = clients.producer(broker.bootstrap, {"partitioner": partitioner})
+    expected = clients.produce_all(tcp, reference, keyed(600))
     assert {p: [v for _, v in got] for p, got in by_partition(reports).items()} == {
         p: [v for _, v in got] for p, got in by_partition(expected).items()
     }
