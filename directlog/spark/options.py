@@ -9,6 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import KafkaException
+
+from directlog.client.common import RdmaConfig
+
 EARLIEST = -2
 LATEST = -1
 
@@ -31,7 +35,7 @@ _READ_KEYS = {
     "includeheaders",
     "maxrecordsperpartition",
 }
-_WRITE_KEYS = {"topic", "includeheaders"}
+_WRITE_KEYS = {"topic", "includeheaders", "rdma.produce", "rdma.provider"}
 # What Spark itself passes to a source or sink: load(path) / save(path), and a streaming
 # query's checkpoint and name.
 _SPECIAL = {"path", "checkpointlocation", "queryname"}
@@ -150,7 +154,12 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     lowered = _lowered(options)
     client = _client(lowered)
     _refuse_unknown(lowered, _WRITE_KEYS)
-    return WriteOptions(client=client, topic=lowered.get("topic") or None)
+    rdma: dict[str, str] = {k: v for k, v in lowered.items() if k.startswith("rdma.")}
+    try:  # checked here, by the client that takes them, to fail before any task runs
+        RdmaConfig.take(dict(rdma))
+    except KafkaException as error:
+        raise OptionError(f"option {error.args[0]}") from None
+    return WriteOptions(client={**client, **rdma}, topic=lowered.get("topic") or None)
 
 
 def _lowered(options: Mapping[str, str]) -> dict[str, str]:

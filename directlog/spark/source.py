@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -28,6 +28,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from directlog.client import Producer
 from directlog.spark.fetch import range_reads, read_range
 from directlog.spark.offsets import Brokers, batch_ranges, split
 from directlog.spark.options import (
@@ -143,6 +144,8 @@ def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
     send fails the task (Spark retries it; the idempotent producer keeps one task's
     retries from duplicating what it sent)."""
     # Keyed rows go to the partitions the Java producer (so Spark's Kafka writer) picks.
+    # directlog.client's Producer is confluent-kafka's, plus the RDMA datapath when the
+    # rdma.produce option asks for it.
     producer = Producer(
         {"partitioner": "murmur2_random", **options.client, "enable.idempotence": True}
     )
@@ -171,7 +174,7 @@ def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
         sent += batch.num_rows
         if failures:
             break
-    producer.flush()
+    producer.close()  # flushes, and lets RDMA grants go
     if failures:
         raise RuntimeError(f"{len(failures)} records were not written: {failures[0]}")
     return sent
