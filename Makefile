@@ -50,9 +50,9 @@ run: $(STAMP) proto
 	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
 
 lint: $(STAMP) proto
-	$(VENV)/bin/ruff check directlog services tests bench
-	$(VENV)/bin/ruff format --check directlog services tests bench
-	$(VENV)/bin/mypy directlog services
+	$(VENV)/bin/ruff check directlog services tests bench pipelines
+	$(VENV)/bin/ruff format --check directlog services tests bench pipelines
+	$(VENV)/bin/mypy directlog services pipelines
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
@@ -74,6 +74,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.peer_transport
 	$(PY) -m bench.tiering
 	$(PY) -m bench.down_conversion
+	$(PY) -m bench.spark
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.

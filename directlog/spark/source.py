@@ -139,16 +139,30 @@ def _refuse_overwrite(overwrite: bool) -> None:
         raise OptionError("a topic cannot be overwritten: write with mode 'append'")
 
 
+# One producer per Python worker and client configuration, as Spark's Kafka writer caches
+# its producers: a new idempotent producer waits for its producer id (librdkafka's ~0.5 s)
+# before its first record, which every task would pay.
+_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
+
+
+def _producer(client: dict[str, str]) -> Producer:
+    """The worker's producer for `client`. Keyed rows go to the partitions the Java producer
+    (so Spark's Kafka writer) picks; directlog.client's Producer is confluent-kafka's, plus
+    the RDMA datapath when the rdma.produce option asks for it (a flush and the worker's
+    exit end it cleanly)."""
+    config = {"partitioner": "murmur2_random", **client, "enable.idempotence": "true"}
+    key = tuple(sorted(config.items()))
+    producer = _producers.get(key)
+    if producer is None:
+        producer = _producers[key] = Producer(config)
+    return producer
+
+
 def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
     """Send every row of `batches`; returns how many, once all are acknowledged. A failed
     send fails the task (Spark retries it; the idempotent producer keeps one task's
     retries from duplicating what it sent)."""
-    # Keyed rows go to the partitions the Java producer (so Spark's Kafka writer) picks.
-    # directlog.client's Producer is confluent-kafka's, plus the RDMA datapath when the
-    # rdma.produce option asks for it.
-    producer = Producer(
-        {"partitioner": "murmur2_random", **options.client, "enable.idempotence": True}
-    )
+    producer = _producer(options.client)
     failures: list[KafkaError] = []
 
     def delivered(error: KafkaError | None, _: Any) -> None:
@@ -174,7 +188,7 @@ def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
         sent += batch.num_rows
         if failures:
             break
-    producer.close()  # flushes, and lets RDMA grants go
+    producer.flush()
     if failures:
         raise RuntimeError(f"{len(failures)} records were not written: {failures[0]}")
     return sent
