@@ -85,7 +85,7 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import cpu_seconds, keep_freed_heap
+from bench.processes import cpu_seconds, keep_freed_heap, print_goals
 from services.broker.down_conversion import convert_batches
 from tests.e2e.cluster import Cluster, wait_for
 
@@ -934,9 +934,7 @@ def report(figures: dict[str, Any]) -> None:
         f"  lazy/eager {figures['lazy_eager_ratio']} (rounds {figures['lazy_eager_ratio_rounds']})"
         f", lazy/zero-copy {figures['lazy_zero_copy_fraction']}"
     )
-    for goal, entry in figures["goals"].items():
-        verdict = "met" if entry["met"] else "NOT met"
-        print(f"goal {goal}: {entry['value']} ({entry['goal']}): {verdict}")
+    print_goals(figures["goals"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 STOP_SECONDS = 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -78,3 +79,10 @@ def keep_freed_heap() -> None:
     libc = ctypes.CDLL("libc.so.6")
     if not (libc.mallopt(M_TRIM_THRESHOLD, 1 << 30) and libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)):
         raise OSError("mallopt refused the heap thresholds")
+
+
+def print_goals(goals: dict[str, dict[str, Any]]) -> None:
+    """One line per goal of a bench: its value, what it asks, and whether it is met."""
+    for goal, entry in goals.items():
+        verdict = "met" if entry["met"] else "NOT met"
+        print(f"goal {goal}: {entry['value']} ({entry['goal']}): {verdict}")

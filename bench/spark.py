@@ -83,7 +83,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.down_conversion import broker_source
-from bench.processes import CLOCK_TICKS, keep_freed_heap
+from bench.processes import CLOCK_TICKS, keep_freed_heap, print_goals
 from directlog.spark import DirectlogSource
 from directlog.spark.fetch import RangeRead, read_range
 from tests.e2e.cluster import Cluster, wait_for
@@ -806,9 +806,7 @@ def report(figures: dict[str, Any]) -> None:
         f"{figures['spark_count_spark_sum_ratio']}; a {SMALL_READ}-records-a-partition read "
         f"takes {figures['spark_small_read_fraction']} of a whole spark pass"
     )
-    for goal, entry in figures["goals"].items():
-        verdict = "met" if entry["met"] else "NOT met"
-        print(f"goal {goal}: {entry['value']} ({entry['goal']}): {verdict}")
+    print_goals(figures["goals"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from pipelines.traffic.delays import Delay, summary
 from pipelines.traffic.events import Plan
-from pipelines.traffic.job import JobSettings, add_job_arguments, session, start
+from pipelines.traffic.job import JobSettings, add_job_arguments, session, settings_from, start
 from pipelines.traffic.sensors import (
     EventProducer,
     Published,
@@ -186,16 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="traffic-checkpoint-")
-    settings = JobSettings(
-        bootstrap=args.bootstrap,
-        checkpoint=checkpoint,
-        counts_topic=args.counts_topic,
-        speeds_topic=args.speeds_topic,
-        aggregates_topic=args.aggregates_topic,
-        delays_topic=args.delays_topic,
-        window=args.window,
-        watermark=args.watermark,
-    )
+    settings = settings_from(args, checkpoint)
     # RDMA produce writes into preallocated head segments: topics made here get them.
     config = {"preallocate": "true"} if args.rdma_produce != "off" else {}
     made = ensure_topics(

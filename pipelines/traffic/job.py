@@ -254,6 +254,21 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shuffle-partitions", type=int, default=2)
 
 
+def settings_from(args: argparse.Namespace, checkpoint: str) -> JobSettings:
+    """JobSettings from the parsed options (add_job_arguments' and the topics')."""
+    return JobSettings(
+        bootstrap=args.bootstrap,
+        checkpoint=checkpoint,
+        counts_topic=args.counts_topic,
+        speeds_topic=args.speeds_topic,
+        aggregates_topic=args.aggregates_topic,
+        delays_topic=args.delays_topic,
+        window=args.window,
+        watermark=args.watermark,
+        starting_offsets=getattr(args, "starting_offsets", "latest"),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.traffic.job")
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
@@ -268,17 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_job_arguments(parser)
     args = parser.parse_args(argv)
-    settings = JobSettings(
-        bootstrap=args.bootstrap,
-        checkpoint=args.checkpoint,
-        counts_topic=args.counts_topic,
-        speeds_topic=args.speeds_topic,
-        aggregates_topic=args.aggregates_topic,
-        delays_topic=args.delays_topic,
-        window=args.window,
-        watermark=args.watermark,
-        starting_offsets=args.starting_offsets,
-    )
+    settings = settings_from(args, args.checkpoint)
     spark = session(args.master, args.shuffle_partitions)
     # PySpark's own SIGINT handler calls into the JVM from inside a call into the JVM
     # (awaitTermination): a flag, checked every second, stops the query instead.
