@@ -82,8 +82,19 @@ class Children:
         return self.directory / f"{name.replace(' ', '-')}.starts"
 
 
+_BEFORE: set[int] = set()  # children alive when the test began (another fixture's)
+
+
+@pytest.fixture(autouse=True)
+def _others_first() -> None:
+    """Children other tests left running (a session-wide JVM, say) are not the test's."""
+    _BEFORE.clear()
+    _BEFORE.update(children())
+
+
 def children() -> set[int]:
-    """Our child processes, zombies included: a reaped child is gone from this set."""
+    """Our child processes the test made, zombies included: a reaped child is gone from
+    this set."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -93,7 +104,7 @@ def children() -> set[int]:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
                 found.add(int(entry.name))
-    return found
+    return found - _BEFORE
 
 
 def gone(pid: int) -> bool:

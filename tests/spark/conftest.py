@@ -1,4 +1,4 @@
-"""Fixtures of the Spark data source tests: one SparkSession for the whole run (starting
+"""Fixtures of the Spark data source tests: one SparkSession for the package (starting
 one takes seconds; its first Python worker, seconds more) with DirectlogSource registered,
 and a real broker per module, made as tests/e2e makes them.
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from directlog.spark import DirectlogSource
@@ -25,7 +26,7 @@ from tests.e2e.conftest import clients, pytest_runtest_makereport, single_broker
 __all__ = ["clients", "module_broker", "pytest_runtest_makereport", "spark", "topic_name"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     previous = os.environ.get("PYSPARK_PYTHON")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -48,10 +49,26 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+        _stop_jvm()
         if previous is None:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = previous
+
+
+def _stop_jvm() -> None:
+    """End the JVM PySpark started (stopping the session leaves it running until this
+    Python exits), so later tests see no child of theirs they did not start."""
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)
+    if process is not None:
+        process.stdin.close()  # the JVM exits when its parent's pipe closes
+        process.wait(30)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 @pytest.fixture(scope="module")
