@@ -163,9 +163,7 @@ def test_wiped_member_resyncs(ensemble: Ensemble) -> None:
 
 @pytest.fixture
 def partitioned(tmp_path: Path) -> Iterator[tuple[Ensemble, netns.MemberNetworks]]:
-    why = netns.unavailable()
-    if why is not None:
-        pytest.skip(f"network namespaces unavailable: {why}")
+    netns.require()
     with (
         netns.MemberNetworks([1, 2, 3]) as net,
         Ensemble(tmp_path, member_hosts=net.hosts, command_prefix=net.prefixes) as ens,

@@ -55,7 +55,6 @@ from confluent_kafka.admin import (
 
 from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
-from directlog.records.legacy import decode_message_set
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import Clients, _stop_checked
@@ -94,11 +93,10 @@ SMALL_CHUNK = 32 * 1024  # the small-chunk broker's down_conversion_chunk_bytes
 KCAT = shutil.which("kcat")  # `make test` installs Debian's kcat when it is missing
 
 # kafka-python decodes snappy through python-snappy and magic-0 lz4 (Kafka 0.8/0.9's framing)
-# through xxhash, and imports them only if they are there: the project depends on both
-# (pyproject.toml), but where one is missing those pairs are skipped, not failed (librdkafka
-# and kcat read both in any case).
-HAS_SNAPPY = codec.has_snappy()
-HAS_XXHASH = importlib.util.find_spec("xxhash") is not None
+# through xxhash, and imports them only if they are there: both are test dependencies
+# (pyproject.toml), so their absence fails here rather than thinning the codec cases.
+assert codec.has_snappy(), "python-snappy is missing: kafka-python cannot read snappy"
+assert importlib.util.find_spec("xxhash") is not None, "xxhash is missing: no magic-0 lz4"
 
 # kafka-python's api_version, the Fetch version it then sends, the message format it gets.
 KAFKA_PYTHON_OLD = [((0, 8, 2), 0, 0), ((0, 9), 1, 0), ((0, 10), 2, 1), ((0, 10, 1), 3, 1)]
@@ -436,13 +434,6 @@ def split_message_set(data: bytes) -> tuple[bytes, bytes]:
     return data[:at], data[at:]
 
 
-def kafka_python_reads(compression: str, magic: int) -> bool:
-    """Whether kafka-python can decode `compression` in message format `magic` here."""
-    if compression == "snappy":
-        return HAS_SNAPPY
-    return HAS_XXHASH or not (compression == "lz4" and magic == 0)
-
-
 def legacy_records(data: bytes, magic: int) -> list[Seen]:
     """The records of an old Fetch answer, decoded by kafka-python (not the broker's code),
     each top-level message of format `magic`; after them only the broker's padding may
@@ -523,8 +514,6 @@ def wait_memory_released(broker: BrokerProcess) -> None:
 def test_kafka_python_reads_every_codec(
     module_broker, codec_topics, kp_consumers, api_version, fetch_version, magic, compression
 ):
-    if not kafka_python_reads(compression, magic):
-        pytest.skip(f"kafka-python needs python-snappy or xxhash for {compression}, magic {magic}")
     produced = codec_topics[compression]
     before = request_counts(module_broker)
     consumer = old_kafka_python(module_broker.bootstrap, kp_consumers, api_version, produced.topic)
@@ -1108,16 +1097,7 @@ def test_eager_and_lazy_answers_are_byte_identical(
             assert partition.error_code == ErrorCode.NONE
             records = bytes(partition.records)
             magic = 0 if version < 2 else 1
-            if kafka_python_reads(name, magic):
-                got = [r[:4] for r in legacy_records(records, magic) if r[0] >= start]
-            else:  # the broker's own decoder, for the structure at least
-                whole, tail = split_message_set(records)
-                assert tail[:12] == CUT_OFF_HEADER[: len(tail)] and not any(tail[12:])
-                got = [
-                    (m.offset, m.key, m.value, m.timestamp)
-                    for m in decode_message_set(whole)
-                    if m.offset >= start
-                ]
+            got = [r[:4] for r in legacy_records(records, magic) if r[0] >= start]
             want = [r[:4] for r in expected(produced.records, magic)]
             if not got:
                 assert version < 3 and records == CUT_OFF_HEADER, (name, index)

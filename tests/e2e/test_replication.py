@@ -162,9 +162,7 @@ def test_a_partitioned_leader_is_fenced_and_cannot_acknowledge_writes(tmp_path: 
     network namespace loses its links to theirs) while clients still reach it: the
     controller fences it and elects another, and it must not acknowledge an acks=all
     produce. Healed, it rejoins as a follower, without what it took meanwhile."""
-    why = netns.unavailable()
-    if why:
-        pytest.skip(f"network namespaces unavailable here: {why}")
+    netns.require()
     with (
         netns.MemberNetworks([1, 2, 3, 4]) as net,
         Cluster(tmp_path, brokers=3, networks=net) as cluster,
