@@ -41,7 +41,12 @@ class RdmaConfig:
         provider = str(config.pop("rdma.provider", "auto"))
         if provider not in PROVIDERS:
             raise KafkaException(f"rdma.provider must be one of {', '.join(PROVIDERS)}")
-        read_size = int(config.pop("rdma.read.size", 2048))
+        raw_size = config.pop("rdma.read.size", 2048)
+        try:
+            read_size = int(raw_size)
+        except (TypeError, ValueError):
+            message = f"rdma.read.size must be a number of bytes, not {raw_size}"
+            raise KafkaException(message) from None
         if read_size < 64:
             raise KafkaException("rdma.read.size must be at least 64 bytes")
         return cls(produce, bool(consume), provider, read_size)

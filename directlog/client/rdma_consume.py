@@ -9,6 +9,10 @@ readable end. Only whole, CRC-checked batches are decoded; a partial batch stays
 read buffer until its last byte is read. When a sealed segment is read to its end the
 consumer asks for the next one and releases the finished one.
 
+A consumer made with ``batches=True`` hands out those batches as they are stored
+(``poll_batches``) instead of decoding them: a reader that turns record bytes into columns
+itself (directlog.spark) makes no Python object per record.
+
 A READ the provider refuses (a segment revoked under it, as happens when the head rolls
 between the slot READ and a data READ) ends the queue pair, and a slot that stops reading
 whole (64 checksum failures in a row: not a torn read) is as good as lost; either way the
@@ -21,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
@@ -69,6 +74,7 @@ IDLE_SECONDS = 0.001  # between slot READs while nothing new is readable
 TORN_RETRIES = 64  # slot READs that overlapped the broker's update, in a row, at most
 MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in between
 BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
+T = TypeVar("T", list[Record], bytes)
 
 
 # The leader moved (or is moving): another broker serves the partition now.
@@ -101,7 +107,8 @@ class _LostQueuePair(Exception):
 
 class RdmaConsumer:
     """Reads ``topic``-``partition`` from ``offset`` on through its leader at ``leader``
-    ("host:port"). ``poll`` returns records (absolute offsets) in order, each once.
+    ("host:port"). ``poll`` returns records (absolute offsets) in order, each once; with
+    ``batches=True``, ``poll_batches`` returns the record batches holding them instead.
     ``max_poll_bytes`` bounds the bytes one poll reads."""
 
     def __init__(
@@ -116,6 +123,7 @@ class RdmaConsumer:
         max_poll_bytes: int = 1 << 20,
         timeout: float = 10.0,
         client_id: str = "directlog-rdma-consumer",
+        batches: bool = False,
     ) -> None:
         if read_size < LOG_OVERHEAD or max_poll_bytes < read_size:
             raise ValueError("read_size must be >= 12 and max_poll_bytes >= read_size")
@@ -124,6 +132,11 @@ class RdmaConsumer:
         self.topic, self.partition = topic, partition
         self._decoded = offset  # the offset after the last record decoded
         self._ready: list[Record] = []  # decoded, not yet returned (a failed poll keeps them)
+        self._batches = batches
+        # With batches=True: (base offset, next offset, bytes) of whole checked batches not
+        # yet handed out in full, and the first offset not handed out.
+        self._stored: list[tuple[int, int, bytes]] = []
+        self._handed = offset
         self._provider = provider
         self._read_size = read_size
         self._max_poll_bytes = max_poll_bytes
@@ -170,7 +183,10 @@ class RdmaConsumer:
 
     @property
     def position(self) -> int:
-        """The offset of the next record ``poll`` returns."""
+        """The offset of the next record ``poll`` returns (with batches=True: the first
+        offset ``poll_batches`` has not handed out)."""
+        if self._batches:
+            return self._handed
         return self._ready[0].offset if self._ready else self._decoded
 
     @property
@@ -181,12 +197,33 @@ class RdmaConsumer:
     async def poll(self, timeout: float = 0.0) -> list[Record]:
         """The records readable now, in order (waiting up to ``timeout`` seconds for some);
         an empty list when none came."""
+        if self._batches:
+            raise RdmaConsumeError("this consumer hands out batches: use poll_batches")
+        return await self._poll(timeout, self._take_ready)
+
+    async def poll_batches(self, end: int, timeout: float = 0.0) -> bytes:
+        """The whole record batches (CRC-checked, as stored) that hold offsets from
+        ``position`` up to ``end`` (exclusive) readable now, back to back, waiting up to
+        ``timeout`` seconds for some; b"" when none came. The first batch may start before
+        ``position`` and the last may reach past ``end``: such a batch is handed out again
+        by the next call, whose range it also holds."""
+        if not self._batches:
+            raise RdmaConsumeError("this consumer hands out records: use poll")
+        return await self._poll(timeout, lambda: self._take_stored(end))
+
+    async def _poll(self, timeout: float, take: Callable[[], T]) -> T:
+        """What ``take`` finds ready, reading on until it finds some or ``timeout`` ends
+        (then what it found: empty)."""
         if self._closed or self._qp is None:
             raise RdmaConsumeError("consumer is not started, or closed")
         deadline = time.monotonic() + timeout
         while True:
+            found = take()
+            if found:
+                self._reconnects = 0
+                return found
             try:
-                records = await self._read_available()
+                await self._read_available()
             except RdmaConsumeError:
                 await self.close()
                 raise
@@ -198,22 +235,23 @@ class RdmaConsumer:
                     raise RdmaConsumeError(message, retriable=True) from None
                 await self._connect()
                 continue
-            if records:
+            found = take()
+            if found:
                 self._reconnects = 0
-                return records
+                return found
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return []
+                return found
             await asyncio.sleep(min(IDLE_SECONDS, remaining))
 
     # Reading -------------------------------------------------------------------------
 
-    async def _read_available(self) -> list[Record]:
+    async def _read_available(self) -> None:
         if self._grant.slot_index != NO_SLOT:
             slot = await self._read_slot()
             if slot.revoked or slot.base_offset != self._grant.base_offset:
                 await self._switch(self._decoded)
-                return self._take_ready()
+                return
             self._addr, self._rkey, self._length = slot.addr, slot.rkey, slot.length
             self._readable_end, self._mutable = slot.readable_end, slot.mutable
         budget = self._max_poll_bytes
@@ -229,7 +267,7 @@ class RdmaConsumer:
             self._filled += size
             self._read_position += size
             budget -= size
-            self._ready += self._take_batches()
+            self._take_batches()
         if not self._mutable and self._read_position >= self._readable_end:
             if self._filled:
                 raise await self._fail(
@@ -237,11 +275,20 @@ class RdmaConsumer:
                     f"({self._filled} bytes left over)"
                 )
             await self._switch(self._decoded)
-        return self._take_ready()
 
     def _take_ready(self) -> list[Record]:
         records, self._ready = self._ready, []
         return records
+
+    def _take_stored(self, end: int) -> bytes:
+        """The stored batches holding offsets from ``_handed`` below ``end``; keeps the one
+        reaching past ``end``."""
+        taken = [b for b in self._stored if b[0] < end]
+        if not taken:
+            return b""
+        self._handed = min(end, taken[-1][1])
+        self._stored = [b for b in self._stored if b[1] > self._handed]
+        return b"".join(b[2] for b in taken)
 
     def _next_read_size(self) -> int:
         """``read_size``, or what completes the batch whose header is in the buffer."""
@@ -262,10 +309,10 @@ class RdmaConsumer:
         self._buffer.deregister()
         self._buffer = grown
 
-    def _take_batches(self) -> list[Record]:
-        """Decode the whole batches at the buffer's start and keep the partial one."""
+    def _take_batches(self) -> None:
+        """Take the whole batches at the buffer's start (decoded, or as they are with
+        batches=True) and keep the partial one."""
         view = self._buffer.buf
-        records: list[Record] = []
         position = 0
         while self._filled - position >= LOG_OVERHEAD:
             peek = peek_offset_and_size(view, position)
@@ -280,17 +327,21 @@ class RdmaConsumer:
             try:
                 header = read_header(view, position, position + size)
                 verify_crc(view, position, header)
-                batch = [] if header.is_control else decode_records(view, position, header)
+                if self._batches:
+                    if header.next_offset > self._decoded:
+                        stored = bytes(view[position : position + size])
+                        self._stored.append((header.base_offset, header.next_offset, stored))
+                elif not header.is_control:
+                    batch = decode_records(view, position, header)
+                    self._ready += (r for r in batch if r.offset >= self._decoded)
             except RecordError as error:
                 raise RdmaConsumeError(f"corrupt batch read over RDMA: {error}") from error
-            records += (record for record in batch if record.offset >= self._decoded)
             self._decoded = max(self._decoded, header.next_offset)
             position += size
         if position:
             left = self._filled - position
             view[:left] = view[position : self._filled]
             self._filled = left
-        return records
 
     async def _read_slot(self) -> Slot:
         grant = self._grant

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from directlog.client.common import leader_address
+from directlog.client.common import RdmaConfig, leader_address
 from directlog.protocol import replica_fetch
 from directlog.protocol.errors import ErrorCode
 from directlog.records._scan import record_columns
@@ -78,6 +78,7 @@ class RangeRead:
     end: int
     include_headers: bool
     fail_on_data_loss: bool
+    rdma: RdmaConfig | None = None  # read over RDMA (rdma.consume), else over TCP
 
 
 def range_reads(options: ReadOptions, ranges: list[OffsetRange]) -> list[RangeRead]:
@@ -91,6 +92,7 @@ def range_reads(options: ReadOptions, ranges: list[OffsetRange]) -> list[RangeRe
             r.end,
             options.include_headers,
             options.fail_on_data_loss,
+            options.rdma,
         )
         for r in ranges
     ]
@@ -98,7 +100,17 @@ def range_reads(options: ReadOptions, ranges: list[OffsetRange]) -> list[RangeRe
 
 def read_range(read: RangeRead) -> Iterator[pa.RecordBatch]:
     """The records of `read` in offset order, as Arrow record batches of SCHEMA (with
-    headers: SCHEMA_WITH_HEADERS)."""
+    headers: SCHEMA_WITH_HEADERS), over RDMA when the read asks for it."""
+    if read.rdma is None:
+        return read_over_tcp(read)
+    # Imported here, where it is used: rdma_fetch builds on this module.
+    from directlog.spark.rdma_fetch import read_over_rdma
+
+    return read_over_rdma(read)
+
+
+def read_over_tcp(read: RangeRead) -> Iterator[pa.RecordBatch]:
+    """read_range's records, fetched from the partition's leader."""
     offset = read.start
     failures = 0
     while offset < read.end:

@@ -34,6 +34,9 @@ _READ_KEYS = {
     "maxtriggerdelay",
     "includeheaders",
     "maxrecordsperpartition",
+    "rdma.consume",
+    "rdma.provider",
+    "rdma.read.size",
 }
 _WRITE_KEYS = {"topic", "includeheaders", "rdma.produce", "rdma.provider"}
 # What Spark itself passes to a source or sink: load(path) / save(path), and a streaming
@@ -83,6 +86,7 @@ class ReadOptions:
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000
     starting_by_timestamp_strategy: str = "error"  # or "latest"
+    rdma: RdmaConfig | None = None  # rdma.consume=true: the tasks read over RDMA
 
     @property
     def bootstrap(self) -> str:
@@ -123,6 +127,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
             f"option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', not "
             f"{strategy!r}"
         )
+    rdma = _rdma(lowered)
     max_per_trigger = _positive(lowered, "maxoffsetspertrigger", "maxOffsetsPerTrigger")
     min_per_trigger = _positive(lowered, "minoffsetspertrigger", "minOffsetsPerTrigger")
     if max_per_trigger and min_per_trigger and min_per_trigger > max_per_trigger:
@@ -142,6 +147,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=_duration_ms(lowered.get("maxtriggerdelay", "15m")),
         starting_by_timestamp_strategy=strategy,
+        rdma=rdma if rdma.consume else None,
     )
 
 
@@ -154,12 +160,18 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     lowered = _lowered(options)
     client = _client(lowered)
     _refuse_unknown(lowered, _WRITE_KEYS)
-    rdma: dict[str, str] = {k: v for k, v in lowered.items() if k.startswith("rdma.")}
-    try:  # checked here, by the client that takes them, to fail before any task runs
-        RdmaConfig.take(dict(rdma))
+    _rdma(lowered)
+    rdma = {k: v for k, v in lowered.items() if k.startswith("rdma.")}
+    return WriteOptions(client={**client, **rdma}, topic=lowered.get("topic") or None)
+
+
+def _rdma(lowered: dict[str, str]) -> RdmaConfig:
+    """The rdma.* options, checked by the client code that takes them, so that a bad one
+    fails before any task runs."""
+    try:
+        return RdmaConfig.take({k: v for k, v in lowered.items() if k.startswith("rdma.")})
     except KafkaException as error:
         raise OptionError(f"option {error.args[0]}") from None
-    return WriteOptions(client={**client, **rdma}, topic=lowered.get("topic") or None)
 
 
 def _lowered(options: Mapping[str, str]) -> dict[str, str]:
