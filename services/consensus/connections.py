@@ -67,6 +67,7 @@ from services.consensus.jute import (
 from services.consensus.jute.records import CheckResult as CheckReply
 from services.consensus.jute.records import DeleteResult as DeleteReply
 from services.consensus.member import Member, Outcome, SessionClients
+from services.consensus.metrics import BufferStats
 from services.consensus.payloads import ErrorTxn, SyncRequest, SyncTxn, Write
 from services.consensus.tree import (
     Applied,
@@ -119,10 +120,18 @@ class ClientServer(SessionClients):
         member.clients = self
         self.connections: set[ClientConnection] = set()
         self.by_session: dict[int, ClientConnection] = {}
-        self.received = 0
-        self.sent = 0
-        self.latency = _Latency()
+        # What ZooKeeper's ServerStats and ServerMetrics count on the client port (srvr,
+        # mntr and the ZooKeeper-named Prometheus series read them):
+        self.received = 0  # packets: frames and four-letter words
+        self.sent = 0  # packets: replies, watch events, connect replies, 4lw answers
+        self.bytes_received = 0
+        self.connect_requests = 0
+        self.rejected = 0  # connections refused (max_client_connections)
+        self.dropped = 0  # connections the client side closed
+        self.response_size = BufferStats()  # replies and watch events, less the length
+        self.latency = member.metrics.zk.request_latency
         self._server: asyncio.Server | None = None
+        member.metrics.bind_clients(self)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
@@ -151,23 +160,6 @@ class ClientServer(SessionClients):
             conn.close()
 
 
-class _Latency:
-    def __init__(self) -> None:
-        self.min = self.max = self.total = 0.0
-        self.count = 0
-
-    def add(self, seconds: float) -> None:
-        ms = seconds * 1000
-        self.min = ms if self.count == 0 else min(self.min, ms)
-        self.max = max(self.max, ms)
-        self.total += ms
-        self.count += 1
-
-    def reset(self) -> None:
-        self.min = self.max = self.total = 0.0
-        self.count = 0
-
-
 @dataclass(slots=True)
 class _Pending:
     """One request's place in the reply order: ``reply`` once answered, or ``run`` to
@@ -177,6 +169,7 @@ class _Pending:
     reply: bytes | None = None
     run: Callable[[], bytes] | None = None
     last: bool = False  # close the connection after this reply
+    write: bool = False  # becomes a transaction (ZooKeeper's update latency, not read)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -205,16 +198,20 @@ class ClientConnection(asyncio.Protocol):
             log.warning("refusing %s: %d connections open", self.peer, len(self.server.connections))
             transport.close()
             self.closed = True
+            self.server.rejected += 1
             return
         self.server.connections.add(self)
         self.member.metrics.connections.inc()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.server.dropped += 1
         self._forget()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.server.bytes_received += len(data)
         if not self.sniffed:
             # The first four bytes tell a four-letter word from a frame's length.
             self.head += data
@@ -222,6 +219,7 @@ class ClientConnection(asyncio.Protocol):
                 return
             self.sniffed = True
             if self.head[:4] in FOUR_LETTER_WORDS:
+                self.server.received += 1
                 self._write(answer(self.head[:4], self.member, self.server).encode())
                 self.close()
                 return
@@ -239,6 +237,7 @@ class ClientConnection(asyncio.Protocol):
     def _frame(self, frame: bytes) -> None:
         if self.closed:
             return  # an earlier frame of the same read closed the connection
+        self.server.received += 1
         if self.session is None:
             self._connect(frame)
         else:
@@ -247,6 +246,7 @@ class ClientConnection(asyncio.Protocol):
     def _connect(self, frame: bytes) -> None:
         member = self.member
         request = decode_connect_request(frame, member.settings.max_buffer)
+        self.server.connect_requests += 1
         if not member.serving:
             self.close()  # ZooKeeper: "not running"; the client tries another member
             return
@@ -310,7 +310,6 @@ class ClientConnection(asyncio.Protocol):
         member = self.member
         assert self.session is not None
         member.heard_from(self.session.session_id)
-        self.server.received += 1
         started = time.monotonic()
         try:
             header, body = decode_request(frame, member.settings.max_buffer)
@@ -348,7 +347,7 @@ class ClientConnection(asyncio.Protocol):
         except KeeperError as exc:
             self._queue_error(started, xid, exc.code)
             return
-        pending = _Pending(started)
+        pending = _Pending(started, write=op != OpCode.SYNC)
         self.queue.append(pending)
         if isinstance(request, CloseSession):
             self.closing_session = True
@@ -380,8 +379,10 @@ class ClientConnection(asyncio.Protocol):
                 head.reply = head.run()
             self.queue.popleft()
             self._write(head.reply)
-            self.server.sent += 1
-            self.server.latency.add(time.monotonic() - head.started)
+            server = self.server
+            server.response_size.update(len(head.reply) - 4)
+            now = time.monotonic()
+            server.latency.add(now - head.started, head.write, now)
             if head.last:
                 self.close()
 
@@ -481,10 +482,12 @@ class ClientConnection(asyncio.Protocol):
         return self._reply(xid, ErrorCode.OK, body, zxid)
 
     def notify(self, event: WatchEvent) -> None:
+        if self.closed:
+            return
         body = WatcherEvent(event.type, KeeperState.SYNC_CONNECTED, event.path)
-        self._write(
-            encode_frame(encode_response(ReplyHeader(Xid.NOTIFICATION, -1, ErrorCode.OK), body))
-        )
+        frame = encode_frame(encode_response(ReplyHeader(Xid.NOTIFICATION, -1, ErrorCode.OK), body))
+        self.server.response_size.update(len(frame) - 4)
+        self._write(frame)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -493,6 +496,7 @@ class ClientConnection(asyncio.Protocol):
         ``writelines`` (a pipelining client gets its replies in few syscalls)."""
         if self.transport is None or self.closed:
             return
+        self.server.sent += 1
         if not self._out:
             asyncio.get_running_loop().call_soon(self._send_out)
         self._out.append(data)

@@ -117,8 +117,13 @@ class Member:
             segment_bytes=settings.log_segment_bytes,
             force_sync=settings.force_sync,
         )
+        started = time.monotonic()
         state = self.data_dir.load()
         self.tree = _tree(state.snapshot)
+        loaded = time.monotonic()
+        self._zk = self.metrics.zk  # ZooKeeper's counters, bumped on the write path
+        self._zk.dbinittime.observe((loaded - started) * 1000, loaded)
+        self._zk.startup_txns_loaded.observe(len(state.log), loaded)
         self.preparer = Preparer(self.tree)
         self.applied_zxid = state.snapshot.zxid
         self._since_snap = 0
@@ -161,6 +166,7 @@ class Member:
         self._unprocessed = 0  # events since the last _process
         self._busy_poll = BusyPoll(settings.poll_spin_us / 1e6)  # the next hop's message
         self._prepared: dict[int, Logged] = {}  # leader: zxid -> what _prepare made of it
+        self.pending_syncs = 0  # leader: client syncs among _prepared (ZooKeeper's gauge)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_counter = 0
         self._session_base = (
@@ -273,6 +279,7 @@ class Member:
         body: LoggedBody
         if isinstance(request, SyncRequest):
             body = SyncTxn(request.path)
+            self.pending_syncs += 1
         else:
             prepared = self.preparer.prepare(request, session, zxid, now_ms)
             if isinstance(prepared, Rejected):
@@ -281,7 +288,9 @@ class Member:
                 body = prepared.body
         logged = Logged(now_ms, session.session_id, body)
         self._prepared[zxid] = logged
-        return encode_logged(logged)
+        data = encode_logged(logged)
+        self._zk.proposal_size.update(len(data))
+        return data
 
     def _touch(self, sessions: set[int] | tuple[int, ...]) -> None:
         now = time.monotonic()
@@ -376,6 +385,11 @@ class Member:
             self._apply(entry)
         if ready.committed:
             self.metrics.commits.inc(len(ready.committed))
+            if self.serving:  # not the entries a new leadership starts from
+                if self.role == ServerState.LEADING:
+                    self._zk.commit_count += len(ready.committed)
+                else:
+                    self._zk.learner_commits += len(ready.committed)
         for change in ready.role_changes:
             self._role_changed(change)
         self._write_soon()  # after the messages: peers store the entries while we do
@@ -389,7 +403,11 @@ class Member:
             self._propose(self._backlog.popleft())
 
     def _apply(self, entry: LogEntry) -> None:
-        logged = self._prepared.pop(entry.zxid, None) or decode_logged(entry.payload)
+        logged = self._prepared.pop(entry.zxid, None)
+        if logged is None:
+            logged = decode_logged(entry.payload)
+        elif isinstance(logged.body, SyncTxn):
+            self.pending_syncs -= 1
         body = logged.body
         outcome: Outcome
         if isinstance(body, SyncTxn | ErrorTxn):
@@ -414,11 +432,13 @@ class Member:
             write.waiter(entry.zxid, outcome)
 
     def _role_changed(self, change: RoleChange) -> None:
+        self.metrics.role_changed(change.role, change.established, time.monotonic())
         was_serving = self.serving
         self.role = change.role
         self.serving = change.established
         self.preparer = Preparer(self.tree)
         self._prepared.clear()
+        self.pending_syncs = 0
         self._deadlines.clear()
         self._expiring.clear()
         if change.role == ServerState.LEADING and change.established:
@@ -482,7 +502,8 @@ class Member:
         started = time.monotonic()
         self.data_dir.append(batch)
         zxid = self.data_dir.sync()
-        self.metrics.fsync_latency.observe(time.monotonic() - started)
+        ended = time.monotonic()
+        self.metrics.log_synced(ended - started, ended)
         return zxid
 
     def _written(self, job: Future[int]) -> None:
@@ -506,7 +527,10 @@ class Member:
             self.node.persisted(zxid)
 
     def _install(self, snapshot: Snapshot) -> None:
+        started = time.monotonic()
         self.data_dir.save_snapshot(snapshot.zxid, snapshot.data)
+        ended = time.monotonic()
+        self._zk.snapshottime.observe((ended - started) * 1000, ended)
         self.tree = _tree(snapshot)
         self.preparer = Preparer(self.tree)
         self.applied_zxid = snapshot.zxid
@@ -521,14 +545,19 @@ class Member:
         zxid = self.applied_zxid
         if zxid > self._durable_zxid or zxid <= self.node.snapshot.zxid:
             return
+        started = time.monotonic()
         snapshot = Snapshot(zxid, self.tree.snapshot())
+        encoding = time.monotonic() - started
         self.node.compact(snapshot)
         self._since_snap = 0
         keep = self.settings.snap_retain_count
-        self._submit(self._save_snapshot, snapshot, keep)
+        self._submit(self._save_snapshot, snapshot, keep, encoding)
 
-    def _save_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+    def _save_snapshot(self, snapshot: Snapshot, keep: int, encoding: float) -> None:
+        started = time.monotonic()
         self.data_dir.save_snapshot(snapshot.zxid, snapshot.data)
+        ended = time.monotonic()
+        self._zk.snapshottime.observe((encoding + ended - started) * 1000, ended)
         self.data_dir.purge(keep)
 
     # ------------------------------------------------------------------ status

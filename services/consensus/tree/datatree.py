@@ -65,6 +65,10 @@ def _valid(path: str) -> None:
         raise KeeperError(ErrorCode.BADARGUMENTS, path) from None
 
 
+def _data_size(nodes: dict[str, Node]) -> int:
+    return sum(len(path) + len(node.data) for path, node in nodes.items())
+
+
 def is_ephemeral_owner(owner: int) -> bool:
     """True for a session-owned node (not persistent, not a container)."""
     return owner not in (0, CONTAINER_OWNER)
@@ -78,6 +82,9 @@ class DataTree:
         self.containers: set[str] = set()
         self.last_zxid = 0
         self.watches = WatchManager()
+        # ZooKeeper's approximate data size, kept up to date as nodes change (metrics read
+        # it): the sum of every node's path length and data length.
+        self.data_size = _data_size(self.nodes)
 
     # -- validation ------------------------------------------------------------------
 
@@ -131,6 +138,7 @@ class DataTree:
         if isinstance(op, SetDataTxn):
             node = self.nodes[op.path]
             assert op.version == inc32(node.version), (op, node.version)
+            self.data_size += len(op.data) - len(node.data)
             node.data = op.data
             node.version = op.version
             node.mzxid = txn.zxid
@@ -167,6 +175,7 @@ class DataTree:
             pzxid=txn.zxid,
         )
         self.nodes[path] = node
+        self.data_size += len(path) + len(op.data)
         parent.children.add(name_of(path))
         parent.cversion = op.parent_cversion
         parent.pzxid = txn.zxid
@@ -183,6 +192,7 @@ class DataTree:
         """Remove a childless node; like ZooKeeper, the parent's cversion stays put."""
         node = self.nodes.pop(path)
         assert not node.children, path
+        self.data_size -= len(path) + len(node.data)
         parent_path = parent_of(path)
         parent = self.nodes[parent_path]
         parent.children.remove(name_of(path))
@@ -286,6 +296,7 @@ class DataTree:
         self.nodes, self.sessions, self.last_zxid = nodes, sessions, last_zxid
         self.ephemerals, self.containers = ephemerals, containers
         self.watches = WatchManager()
+        self.data_size = _data_size(nodes)
 
     @classmethod
     def from_snapshot(cls, blob: bytes) -> DataTree:
@@ -306,6 +317,7 @@ class DataTree:
                 assert node.ephemeral_owner in self.sessions, path
                 ephemerals.setdefault(node.ephemeral_owner, set()).add(path)
         assert ephemerals == self.ephemerals
+        assert self.data_size == _data_size(self.nodes), (self.data_size, _data_size(self.nodes))
         assert self.containers == {
             p for p, n in self.nodes.items() if n.ephemeral_owner == CONTAINER_OWNER
         }

@@ -44,6 +44,12 @@ class WatchManager:
                 if not table[path]:
                     del table[path]
 
+    def count(self) -> int:
+        """Registrations (path and session, data and child apart): ZooKeeper's watch
+        count. Safe to call from another thread: each table is copied in one C-level call
+        before its sets are measured."""
+        return sum(map(len, list(self._data.values()))) + sum(map(len, list(self._child.values())))
+
     def registrations(self) -> list[tuple[str, str, int]]:
         """Every (kind, path, session) registered, sorted; for tests and diagnostics."""
         out = [("data", p, s) for p, sids in self._data.items() for s in sids]

@@ -185,6 +185,10 @@ class Node:
         self._hard_dirty = False
         self._commit_unsent = False
         self._durable_unsent = False
+        # Followers this node synced as leader, by kind (ZooKeeper's snap_count and
+        # diff_count, where a TRUNC counts as a diff): counters for metrics only.
+        self.snap_syncs = 0
+        self.diff_syncs = 0
 
         self._become_looking()
 
@@ -199,6 +203,15 @@ class Node:
         """The zxid the next proposal will get (meaningful on an established leader)."""
         last = self.last_zxid
         return last + 1 if zxid_epoch(last) == self.epoch else make_zxid(self.epoch, 1)
+
+    def learner_counts(self) -> tuple[int, int]:
+        """(followers taking part in this leadership, those of them in sync: NEWLEADER
+        acked), or (0, 0) unless leading; for metrics. Safe to call from another thread:
+        the table is copied in one C-level call before it is read."""
+        if self.role != ServerState.LEADING:
+            return 0, 0
+        sessions = list(self._sessions.values())
+        return len(sessions), sum(1 for s in sessions if s.newleader_acked)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -743,6 +756,10 @@ class Node:
         ack = session.ack_epoch
         assert ack is not None
         plan = plan_sync(self._log, ack.epoch_ends, ack.last_zxid, self.diff_window, self._snapshot)
+        if plan.mode == SyncMode.SNAP:
+            self.snap_syncs += 1
+        else:
+            self.diff_syncs += 1
         self._send(
             peer,
             Sync(self.id, self.epoch, plan.mode, plan.truncate_to, plan.entries, plan.snapshot),
