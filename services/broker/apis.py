@@ -248,6 +248,9 @@ class KafkaApis:
                         new_bytes += outcome.size
             if new_records:
                 self.metrics.produced(partition.tp.topic, new_records, new_bytes)
+        for results in answers:  # appended or refused; replication is not waited for yet
+            for name, partition_results in results:
+                self.metrics.produce_answered(name, partition_results)
         responses: list[Response] = []
         for (header, request), results, waits in zip(requests, answers, replicating, strict=True):
             if waits:
@@ -403,10 +406,9 @@ class KafkaApis:
             await self._read_remote(remote, version)
         if version < 10 and _replica_id(request, version) < 0:
             await asyncio.to_thread(self._for_old_consumer, topics, version)
+        follower = _replica_id(request, version) >= 0
         for topic in topics:
-            for partition in topic.partitions:
-                if partition.records_size:
-                    self.metrics.fetched(topic.name, partition.offsets, partition.records_size)
+            self.metrics.fetch_answered(topic.name, topic.partitions, follower)
         return encode_fetch_response(version, ErrorCode.NONE, topics)
 
     def _read_fetch(

@@ -2,16 +2,29 @@
 
 Counters and histograms are updated on the request path; per-partition offsets and sizes
 are read from the logs when Prometheus scrapes, so appends pay nothing for them.
+
+Beside the directlog_broker_* series, the broker exports the series Kafka's JMX MBeans become
+under Strimzi's JMX exporter rules (examples/metrics/kafka-metrics.yaml), with what they
+count in Kafka, so the Strimzi Kafka dashboard and its alerts work unchanged
+(docs/metrics.md lists them). Where both names count the same thing, one number feeds both:
+the per-topic produce and fetch counts are plain integers bumped on the event loop and read
+by one collector, which exposes the directlog_broker_* and kafka_server_brokertopicmetrics_*
+families from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from directlog.metrics import LATENCY_BUCKETS, serve
 from directlog.protocol.errors import ErrorCode
@@ -19,8 +32,50 @@ from directlog.topics import TopicPartition
 from services.broker.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
+    from directlog.protocol.produce import PartitionResult
+    from services.broker.fetch_response import PartitionData
     from services.broker.groups.coordinator import GroupCoordinator
     from services.broker.replica_manager import ReplicaManager
+
+# The one listener and the one event loop, named as Kafka's socket-server-metrics name them.
+LISTENER = "PLAINTEXT"
+NETWORK_PROCESSOR = "0"
+
+# Items of a request Kafka answers before its ReplicaManager sees them (a topic or partition
+# the metadata does not know, bad acks): counted in no BrokerTopicMetrics series, so a client
+# asking for made-up topics cannot make a series per name.
+_NOT_COUNTED = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_ID,
+        ErrorCode.INVALID_REQUIRED_ACKS,
+    }
+)
+# Errors Kafka's ReplicaManager expects (appendToLocalLog, readFromLog): not counted as failed
+# produce or fetch requests, which are meant to show unexpected failures. Anything else is
+# (NOT_ENOUGH_REPLICAS, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_SERVER_ERROR...).
+_EXPECTED_PRODUCE_ERRORS = frozenset(
+    {
+        ErrorCode.NONE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        ErrorCode.RECORD_LIST_TOO_LARGE,
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.INVALID_TOPIC_EXCEPTION,
+    }
+)
+_EXPECTED_FETCH_ERRORS = frozenset(
+    {
+        ErrorCode.NONE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.OFFSET_OUT_OF_RANGE,
+        ErrorCode.OFFSET_MOVED_TO_TIERED_STORAGE,
+    }
+)
 
 
 class BrokerMetrics:
@@ -45,12 +100,6 @@ class BrokerMetrics:
             "Error codes answered, by API and Kafka error name",
             ["api", "code"],
             registry=r,
-        )
-        self.bytes_in = Counter(
-            "directlog_broker_bytes_in", "Record bytes appended", ["topic"], registry=r
-        )
-        self.records_in = Counter(
-            "directlog_broker_records_in", "Records appended", ["topic"], registry=r
         )
         # RDMA produce (services/broker/rdma/produce.py).
         self.rdma_writes = Counter(
@@ -85,15 +134,6 @@ class BrokerMetrics:
             "Segment registrations revoked under RDMA consumers (leadership moves, retention, "
             "truncation, stopping)",
             registry=r,
-        )
-        self.bytes_out = Counter(
-            "directlog_broker_bytes_out", "Record bytes sent to fetchers", ["topic"], registry=r
-        )
-        self.records_out = Counter(
-            "directlog_broker_records_out", "Records sent to fetchers", ["topic"], registry=r
-        )
-        self.connections = Gauge(
-            "directlog_broker_open_connections", "Client connections open", registry=r
         )
         self.isr_shrinks = Counter(
             "directlog_broker_isr_shrinks", "ISR shrinks the controller accepted", registry=r
@@ -188,8 +228,14 @@ class BrokerMetrics:
 
         # Labelled children looked up once: labels() costs more than the increment itself.
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
-        self._topic_in: dict[str, tuple[Any, Any]] = {}
-        self._topic_out: dict[str, tuple[Any, Any]] = {}
+        # Produce and fetch counts by topic, bumped on the event loop only.
+        self._topics: dict[str, TopicStats] = {}
+        self._connections_opened = 0
+        self._connections_closed = 0
+        self._loop_load: LoopLoad | None = None
+        r.register(_TopicCollector(self))
+        r.register(_ServerCollector(self))
+        r.register(_DiskCollector())
 
     def request(self, api: str, version: int, seconds: float, count: int = 1) -> None:
         """`count` requests of one API version answered, each `seconds` after it began."""
@@ -205,30 +251,76 @@ class BrokerMetrics:
         self.registry.register(_LogCollector(lambda: logs))
 
     def watch_replicas(self, replicas: ReplicaManager) -> None:
-        self.registry.register(_ReplicaCollector(replicas))
+        self.registry.register(_ReplicaCollector(replicas, self))
 
     def watch_groups(self, coordinator: GroupCoordinator) -> None:
         self.registry.register(_GroupCollector(coordinator))
 
-    def produced(self, topic: str, records: int, size: int) -> None:
-        children = self._topic_in.get(topic)
-        if children is None:
-            children = self._topic_in[topic] = (
-                self.records_in.labels(topic),
-                self.bytes_in.labels(topic),
-            )
-        children[0].inc(records)
-        children[1].inc(size)
+    def watch_event_loop(self) -> None:
+        """Measure the calling thread (the event loop's) from now on: the idle ratios Kafka
+        reports for its network and request handler threads (LoopLoad). Call on the loop."""
+        cpu = thread_cpu_clock(threading.get_ident())
+        if cpu is not None and self._loop_load is None:
+            self._loop_load = LoopLoad(cpu)
 
-    def fetched(self, topic: str, records: int, size: int) -> None:
-        children = self._topic_out.get(topic)
-        if children is None:
-            children = self._topic_out[topic] = (
-                self.records_out.labels(topic),
-                self.bytes_out.labels(topic),
-            )
-        children[0].inc(records)
-        children[1].inc(size)
+    def topic_stats(self, topic: str) -> TopicStats:
+        stats = self._topics.get(topic)
+        if stats is None:
+            stats = self._topics[topic] = TopicStats()
+        return stats
+
+    def produced(self, topic: str, records: int, size: int) -> None:
+        """Records a producer had appended to a partition led here (not counting retried
+        batches already in the log): Kafka's MessagesInPerSec and BytesInPerSec."""
+        stats = self.topic_stats(topic)
+        stats.messages_in += records
+        stats.bytes_in += size
+
+    def produce_answered(self, topic: str, partitions: Sequence[PartitionResult]) -> None:
+        """One produce request's partitions of `topic`, appended or refused (before waiting
+        for replication): Kafka's TotalProduceRequestsPerSec and FailedProduceRequestsPerSec,
+        which count partitions of requests, not requests."""
+        stats: TopicStats | None = None
+        for partition in partitions:
+            code = partition.error_code
+            if code in _NOT_COUNTED:
+                continue
+            if stats is None:
+                stats = self.topic_stats(topic)
+            stats.produce_requests += 1
+            if code not in _EXPECTED_PRODUCE_ERRORS:
+                stats.failed_produce_requests += 1
+
+    def fetch_answered(
+        self, topic: str, partitions: Sequence[PartitionData], follower: bool
+    ) -> None:
+        """One fetch request's partitions of `topic` as answered. Record bytes sent to a
+        follower are replication (Kafka's ReplicationBytesOutPerSec), not BytesOutPerSec;
+        TotalFetchRequestsPerSec counts consumers' and followers' partitions alike."""
+        stats: TopicStats | None = None
+        for partition in partitions:
+            code = partition.error_code
+            if code in _NOT_COUNTED:
+                continue
+            if stats is None:
+                stats = self.topic_stats(topic)
+            stats.fetch_requests += 1
+            if code not in _EXPECTED_FETCH_ERRORS:
+                stats.failed_fetch_requests += 1
+            size = partition.records_size
+            if size:
+                if follower:
+                    stats.replication_bytes_out += size
+                    stats.replication_records_out += partition.offsets
+                else:
+                    stats.bytes_out += size
+                    stats.records_out += partition.offsets
+
+    def connection_opened(self) -> None:
+        self._connections_opened += 1
+
+    def connection_closed(self) -> None:
+        self._connections_closed += 1
 
     def converted(self, topic: str, records: int, seconds: float) -> None:
         """One partition's answer to an old consumer converted: `records` in `seconds`."""
@@ -243,6 +335,349 @@ class BrokerMetrics:
 
     def serve(self, host: str, port: int) -> int:
         return serve(self.registry, host, port)
+
+
+class TopicStats:
+    """What a broker counts per topic on the request path. Plain integers: bumped on the event
+    loop only, read by the scrape thread (a read sees one value or the next)."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "failed_fetch_requests",
+        "failed_produce_requests",
+        "fetch_requests",
+        "messages_in",
+        "produce_requests",
+        "records_out",
+        "replication_bytes_out",
+        "replication_records_out",
+    )
+
+    def __init__(self) -> None:
+        self.messages_in = 0  # records appended from producers
+        self.bytes_in = 0  # their batch bytes
+        self.produce_requests = 0  # partitions of produce requests
+        self.failed_produce_requests = 0  # of those, refused for an unexpected error
+        self.fetch_requests = 0  # partitions of fetch requests, consumers' and followers'
+        self.failed_fetch_requests = 0  # of those, answered with an unexpected error
+        self.bytes_out = 0  # record bytes sent to consumers
+        self.records_out = 0  # offsets those bytes span
+        self.replication_bytes_out = 0  # record bytes sent to followers
+        self.replication_records_out = 0  # offsets those bytes span
+
+
+# Idle time of the event loop --------------------------------------------------------------------
+
+
+def thread_cpu_clock(thread_id: int) -> Callable[[], float] | None:
+    """A clock of the CPU seconds thread `thread_id` has used, readable from any thread; None
+    where the platform has none (then the idle ratios are not exported)."""
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+        time.clock_gettime(clock)
+    except (AttributeError, OSError):
+        return None
+    return lambda: time.clock_gettime(clock)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopReading:
+    wall: float  # monotonic seconds
+    cpu: float  # CPU seconds the loop thread had used
+
+
+class LoopLoad:
+    """How idle the broker's one event loop thread is, from the CPU time it uses: idle is the
+    part of wall time the thread was not running. The loop thread does what Kafka's network
+    threads and request handler threads do (and runs the replica fetchers and the group
+    coordinator too), so both of Kafka's idle ratios come from it:
+
+    - `recent_idle`: over the last WINDOW seconds at least (or since the reading before, when
+      Prometheus scrapes less often), as NetworkProcessorAvgIdlePercent is over Kafka's last
+      samples of io-wait-ratio;
+    - `mean_idle`: since the loop started, as Strimzi takes RequestHandlerAvgIdlePercent's
+      MeanRate.
+
+    Time the thread is blocked in a system call (a sendfile from a segment not in the page
+    cache, a page fault), waits for the GIL, or waits for a CPU counts as idle here. Reading
+    costs the request path nothing: it happens when Prometheus scrapes.
+    """
+
+    WINDOW = 30.0  # Kafka's metrics.sample.window.ms
+    STEP = 5.0  # readings kept at least this far apart: at most WINDOW / STEP + 2 of them
+
+    def __init__(
+        self, cpu: Callable[[], float], wall: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._cpu = cpu
+        self._wall = wall
+        self.started = LoopReading(wall(), cpu())
+        self._readings: deque[LoopReading] = deque([self.started])
+        self._lock = threading.Lock()  # scrapes may run at the same time
+
+    def read(self) -> tuple[LoopReading, float, float]:
+        """(the reading now, mean_idle, recent_idle)."""
+        with self._lock:
+            now = LoopReading(self._wall(), self._cpu())
+            readings = self._readings
+            if now.wall - readings[-1].wall >= self.STEP:
+                readings.append(now)
+            while len(readings) > 1 and now.wall - readings[1].wall >= self.WINDOW:
+                readings.popleft()
+            return now, _idle(self.started, now), _idle(readings[0], now)
+
+
+def _idle(before: LoopReading, after: LoopReading) -> float:
+    elapsed = after.wall - before.wall
+    if elapsed <= 0:
+        return 1.0
+    return min(max(1.0 - (after.cpu - before.cpu) / elapsed, 0.0), 1.0)
+
+
+# Collectors ---------------------------------------------------------------------------------------
+
+
+def _by_label(counter: Counter, label: str = "topic") -> dict[str, float]:
+    """A labelled counter's totals by one of its labels (summed over the others)."""
+    totals: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                key = sample.labels[label]
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def _total(counter: Counter) -> float:
+    """An unlabelled counter's value."""
+    return sum(
+        sample.value
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def _topic_counter(
+    name: str, documentation: str, by_topic: dict[str, float]
+) -> CounterMetricFamily:
+    """A BrokerTopicMetrics meter: a series per topic, and Kafka's all-topics meter as the
+    series without a topic label, their sum. Dashboards that add series up select topic!=""
+    (Strimzi's do)."""
+    family = CounterMetricFamily(name, documentation, labels=["topic"])
+    family.samples.append(Sample(f"{name}_total", {}, sum(by_topic.values())))
+    for topic, value in sorted(by_topic.items()):
+        family.add_metric([topic], value)
+    return family
+
+
+class _TopicCollector(Collector):
+    """directlog_broker_{bytes,records}_{in,out} and Kafka's BrokerTopicMetrics from the same
+    per-topic counts (and the remote read counters of services/broker/tiered/)."""
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        topics = list(metrics._topics.items())
+
+        def per_topic(value: Callable[[TopicStats], int]) -> dict[str, float]:
+            return {topic: float(value(stats)) for topic, stats in topics}
+
+        def directlog(name: str, documentation: str, by_topic: dict[str, float]) -> Metric:
+            family = CounterMetricFamily(name, documentation, labels=["topic"])
+            for topic, value in sorted(by_topic.items()):
+                family.add_metric([topic], value)
+            return family
+
+        yield directlog(
+            "directlog_broker_bytes_in", "Record bytes appended", per_topic(lambda s: s.bytes_in)
+        )
+        yield directlog(
+            "directlog_broker_records_in", "Records appended", per_topic(lambda s: s.messages_in)
+        )
+        yield directlog(
+            "directlog_broker_bytes_out",
+            "Record bytes sent to fetchers",
+            per_topic(lambda s: s.bytes_out + s.replication_bytes_out),
+        )
+        yield directlog(
+            "directlog_broker_records_out",
+            "Records sent to fetchers",
+            per_topic(lambda s: s.records_out + s.replication_records_out),
+        )
+
+        prefix = "kafka_server_brokertopicmetrics_"
+        yield _topic_counter(
+            prefix + "messagesin",
+            "MessagesInPerSec: records producers appended to partitions led here",
+            per_topic(lambda s: s.messages_in),
+        )
+        yield _topic_counter(
+            prefix + "bytesin",
+            "BytesInPerSec: record batch bytes producers appended to partitions led here "
+            "(replication is ReplicationBytesInPerSec)",
+            per_topic(lambda s: s.bytes_in),
+        )
+        yield _topic_counter(
+            prefix + "bytesout",
+            "BytesOutPerSec: record bytes sent to consumers (to followers: "
+            "ReplicationBytesOutPerSec)",
+            per_topic(lambda s: s.bytes_out),
+        )
+        yield _topic_counter(
+            prefix + "totalproducerequests",
+            "TotalProduceRequestsPerSec: partitions of produce requests for partitions led here",
+            per_topic(lambda s: s.produce_requests),
+        )
+        yield _topic_counter(
+            prefix + "failedproducerequests",
+            "FailedProduceRequestsPerSec: of those, refused for an unexpected error (not "
+            "NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, CORRUPT_MESSAGE and the like)",
+            per_topic(lambda s: s.failed_produce_requests),
+        )
+        yield _topic_counter(
+            prefix + "totalfetchrequests",
+            "TotalFetchRequestsPerSec: partitions of fetch requests (consumers' and followers')",
+            per_topic(lambda s: s.fetch_requests),
+        )
+        yield _topic_counter(
+            prefix + "failedfetchrequests",
+            "FailedFetchRequestsPerSec: of those, answered with an unexpected error (not "
+            "NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, a leader epoch error and the like)",
+            per_topic(lambda s: s.failed_fetch_requests),
+        )
+        pushed = _by_label(metrics.replication_pushed_bytes)
+        replication_out = CounterMetricFamily(
+            prefix + "replicationbytesout",
+            "ReplicationBytesOutPerSec: record bytes sent to followers (fetches and RDMA "
+            "pushes); Kafka has it for all topics only",
+        )
+        replication_out.add_metric(
+            [], sum(s.replication_bytes_out for _, s in topics) + sum(pushed.values())
+        )
+        yield replication_out
+        replication_in = CounterMetricFamily(
+            prefix + "replicationbytesin",
+            "ReplicationBytesInPerSec: record bytes this broker's followers appended from "
+            "their fetches; Kafka has it for all topics only",
+        )
+        replication_in.add_metric([], sum(_by_label(metrics.replica_pulled_bytes).values()))
+        yield replication_in
+
+        # KIP-405 reads (services/broker/tiered/remote_reads.py).
+        read = _by_label(metrics.remote_fetch_requests)
+        failed = _by_label(metrics.remote_fetch_errors)
+        read_bytes = _by_label(metrics.remote_fetch_bytes)
+        remote = read.keys() | failed.keys() | read_bytes.keys()  # 0, not absent, for these
+        yield _topic_counter(
+            prefix + "remotefetchbytes",
+            "RemoteFetchBytesPerSec: record bytes read from the remote store for fetches",
+            {t: read_bytes.get(t, 0.0) for t in remote},
+        )
+        yield _topic_counter(
+            prefix + "remotefetchrequests",
+            "RemoteFetchRequestsPerSec: reads from the remote store for fetches, done or failed "
+            "(failed offset lookups included)",
+            {t: read.get(t, 0.0) + failed.get(t, 0.0) for t in remote},
+        )
+        yield _topic_counter(
+            prefix + "remotefetcherrors",
+            "RemoteFetchErrorsPerSec: reads from the remote store that failed",
+            {t: failed.get(t, 0.0) for t in remote},
+        )
+
+
+class _ServerCollector(Collector):
+    """Connections and how idle the event loop is, under Directlog's and Kafka's names."""
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        opened, closed = metrics._connections_opened, metrics._connections_closed
+        yield GaugeMetricFamily(
+            "directlog_broker_open_connections", "Client connections open", value=opened - closed
+        )
+        labels = ["listener", "networkProcessor"]
+        key = [LISTENER, NETWORK_PROCESSOR]
+        prefix = "kafka_server_socket_server_metrics_"
+        count = GaugeMetricFamily(
+            prefix + "connection_count", "connection-count: connections open", labels=labels
+        )
+        count.add_metric(key, opened - closed)
+        created = CounterMetricFamily(
+            prefix + "connection_creation",
+            "connection-creation-total: connections accepted",
+            labels=labels,
+        )
+        created.add_metric(key, opened)
+        ended = CounterMetricFamily(
+            prefix + "connection_close", "connection-close-total: connections closed", labels=labels
+        )
+        ended.add_metric(key, closed)
+        yield from (count, created, ended)
+
+        load = metrics._loop_load
+        if load is None:
+            return
+        now, mean_idle, recent_idle = load.read()
+        cpu = CounterMetricFamily(
+            "directlog_broker_event_loop_cpu_seconds",
+            "CPU seconds the event loop thread used since it started; 1 - rate() of it is the "
+            "loop's idle fraction over any window",
+        )
+        cpu.add_metric([], now.cpu - load.started.cpu)
+        yield cpu
+        yield GaugeMetricFamily(
+            "kafka_network_socketserver_networkprocessoravgidle_percent",
+            "NetworkProcessorAvgIdlePercent: fraction (0-1) of the last 30 s or more the event "
+            "loop thread was idle (not on a CPU)",
+            value=recent_idle,
+        )
+        processor = GaugeMetricFamily(
+            "kafka_network_processor_idle_percent",
+            "IdlePercent of the one network processor, the event loop: as "
+            "NetworkProcessorAvgIdlePercent",
+            labels=["networkProcessor"],
+        )
+        processor.add_metric([NETWORK_PROCESSOR], recent_idle)
+        yield processor
+        yield GaugeMetricFamily(
+            "kafka_server_kafkarequesthandlerpool_requesthandleravgidle_percent",
+            "RequestHandlerAvgIdlePercent (MeanRate): fraction (0-1) of the time since start "
+            "the event loop thread, which also handles the requests, was idle",
+            value=mean_idle,
+        )
+
+
+class _DiskCollector(Collector):
+    """Kafka's linux-disk-read-bytes and linux-disk-write-bytes (LinuxIoMetricsCollector): the
+    bytes this process made the kernel read from and write to storage, from /proc/self/io
+    (page cache hits and writes not yet written back are not in them). Absent where that
+    file cannot be read, as in Kafka."""
+
+    PATH = "/proc/self/io"
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with open(self.PATH, encoding="ascii") as file:
+                fields = dict(line.split(": ", 1) for line in file.read().splitlines())
+            read, written = int(fields["read_bytes"]), int(fields["write_bytes"])
+        except (OSError, ValueError, KeyError):
+            return
+        prefix = "kafka_server_kafkaserver_linux_disk_"
+        yield GaugeMetricFamily(
+            prefix + "read_bytes", "linux-disk-read-bytes: bytes read from storage", value=read
+        )
+        yield GaugeMetricFamily(
+            prefix + "write_bytes",
+            "linux-disk-write-bytes: bytes written to storage",
+            value=written,
+        )
 
 
 class _LogCollector(Collector):
@@ -270,21 +705,46 @@ class _LogCollector(Collector):
             "First offset in a local segment (below it, a tiered log's records are remote)",
             labels=labels,
         )
+        # Kafka's kafka.log:type=Log gauges, for every replica hosted here.
+        kafka_size = GaugeMetricFamily(
+            "kafka_log_log_size",
+            "Size: bytes of the partition's local segments (a tiered log's remote part not "
+            "included)",
+            labels=labels,
+        )
+        kafka_start = GaugeMetricFamily(
+            "kafka_log_log_logstartoffset", "LogStartOffset: first readable offset", labels=labels
+        )
+        kafka_end = GaugeMetricFamily(
+            "kafka_log_log_logendoffset", "LogEndOffset: next offset to be appended", labels=labels
+        )
+        kafka_segments = GaugeMetricFamily(
+            "kafka_log_log_numlogsegments", "NumLogSegments: local segments", labels=labels
+        )
         for tp, log in list(self._logs().logs.items()):
             key = [tp.topic, str(tp.partition)]
-            end.add_metric(key, log.log_end_offset)
-            start.add_metric(key, log.log_start_offset)
+            segments = log.segments
+            size_bytes = sum(segment.size for segment in segments)
+            log_end, log_start = log.log_end_offset, log.log_start_offset
+            end.add_metric(key, log_end)
+            start.add_metric(key, log_start)
             hw.add_metric(key, log.high_watermark)
-            size.add_metric(key, log.size_bytes)
+            size.add_metric(key, size_bytes)
             local_start.add_metric(key, log.local_log_start_offset)
+            kafka_size.add_metric(key, size_bytes)
+            kafka_start.add_metric(key, log_start)
+            kafka_end.add_metric(key, log_end)
+            kafka_segments.add_metric(key, len(segments))
         yield from (end, start, hw, size, local_start)
+        yield from (kafka_size, kafka_start, kafka_end, kafka_segments)
 
 
 class _ReplicaCollector(Collector):
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics) -> None:
         self._replicas = replicas
+        self._metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         labels = ["topic", "partition"]
         under = GaugeMetricFamily(
             "directlog_broker_under_replicated_partitions",
@@ -301,15 +761,93 @@ class _ReplicaCollector(Collector):
             "Offsets a followed partition's log trails its leader's high watermark",
             labels=labels,
         )
-        led = [p for p in list(self._replicas.partitions.values()) if p.is_leader]
-        under.add_metric([], sum(1 for p in led if len(p.info.isr) < len(p.info.replicas)))
-        leading.add_metric([], len(led))
-        for p in led:
-            isr.add_metric([p.tp.topic, str(p.tp.partition)], len(p.info.isr))
+        # Kafka's kafka.cluster:type=Partition gauges: one series per replica hosted here,
+        # 0 unless this broker leads the partition (as in Kafka, so sums count each once).
+        p_under = GaugeMetricFamily(
+            "kafka_cluster_partition_underreplicated",
+            "UnderReplicated: 1 if led here and the ISR lacks some replica",
+            labels=labels,
+        )
+        p_isr = GaugeMetricFamily(
+            "kafka_cluster_partition_insyncreplicascount",
+            "InSyncReplicasCount: ISR size if led here, else 0",
+            labels=labels,
+        )
+        p_replicas = GaugeMetricFamily(
+            "kafka_cluster_partition_replicascount",
+            "ReplicasCount: replication factor if led here, else 0",
+            labels=labels,
+        )
+        p_under_min = GaugeMetricFamily(
+            "kafka_cluster_partition_underminisr",
+            "UnderMinIsr: 1 if led here and the ISR is smaller than min.insync.replicas (at "
+            "most the replication factor)",
+            labels=labels,
+        )
+        p_at_min = GaugeMetricFamily(
+            "kafka_cluster_partition_atminisr",
+            "AtMinIsr: 1 if led here and the ISR is exactly min.insync.replicas (at most the "
+            "replication factor)",
+            labels=labels,
+        )
+        hosted = list(self._replicas.partitions.values())
+        led = under_count = under_min_count = at_min_count = 0
+        for p in hosted:
+            key = [p.tp.topic, str(p.tp.partition)]
+            info = p.info
+            if p.is_leader:
+                replicas, in_sync = len(info.replicas), len(info.isr)
+                min_isr = min(p.config.min_insync_replicas, replicas)
+                flags = (in_sync < replicas, in_sync < min_isr, in_sync == min_isr)
+                led += 1
+                under_count += flags[0]
+                under_min_count += flags[1]
+                at_min_count += flags[2]
+                isr.add_metric(key, in_sync)
+            else:
+                replicas = in_sync = 0
+                flags = (False, False, False)
+            p_under.add_metric(key, flags[0])
+            p_isr.add_metric(key, in_sync)
+            p_replicas.add_metric(key, replicas)
+            p_under_min.add_metric(key, flags[1])
+            p_at_min.add_metric(key, flags[2])
+        under.add_metric([], under_count)
+        leading.add_metric([], led)
         for fetcher in list(self._replicas.fetchers.values()):
             for tp, state in list(fetcher.partitions.items()):
                 lag.add_metric([tp.topic, str(tp.partition)], state.lag)
         yield from (under, leading, isr, lag)
+        yield from (p_under, p_isr, p_replicas, p_under_min, p_at_min)
+
+        # Kafka's kafka.server:type=ReplicaManager gauges and meters.
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"kafka_server_replicamanager_{name}", documentation, value)
+
+        yield gauge("leadercount", "LeaderCount: partitions led here", led)
+        yield gauge("partitioncount", "PartitionCount: replicas hosted here", len(hosted))
+        yield gauge(
+            "underreplicatedpartitions",
+            "UnderReplicatedPartitions: partitions led here whose ISR lacks some replica",
+            under_count,
+        )
+        yield gauge(
+            "underminisrpartitioncount",
+            "UnderMinIsrPartitionCount: partitions led here with an ISR below min.insync.replicas",
+            under_min_count,
+        )
+        yield gauge(
+            "atminisrpartitioncount",
+            "AtMinIsrPartitionCount: partitions led here with an ISR of min.insync.replicas",
+            at_min_count,
+        )
+        for name, counter, documentation in (
+            ("isrshrinks", self._metrics.isr_shrinks, "IsrShrinksPerSec: ISR shrinks accepted"),
+            ("isrexpands", self._metrics.isr_expands, "IsrExpandsPerSec: ISR expansions accepted"),
+        ):
+            family = CounterMetricFamily(f"kafka_server_replicamanager_{name}", documentation)
+            family.add_metric([], _total(counter))
+            yield family
 
 
 class _GroupCollector(Collector):

@@ -66,6 +66,7 @@ class KafkaServer:
 
     def serve(self) -> None:
         assert self._listener is not None, "listen first"
+        self.metrics.watch_event_loop()  # this thread runs the loop: its idle time is measured
         self._spawn(self._accept_loop(self._listener))
 
     def _spawn(self, coroutine: Any) -> None:
@@ -93,7 +94,7 @@ class KafkaServer:
         peer = _peer(connection)
         client_host = "/" + peer.rsplit(":", 1)[0]
         reader = FrameReader(self.max_request_bytes)
-        self.metrics.connections.inc()
+        self.metrics.connection_opened()
         try:
             while True:
                 received = await loop.sock_recv_into(connection, reader.writable())
@@ -127,7 +128,7 @@ class KafkaServer:
         except Exception:
             log.exception("closing connection from %s after an internal error", peer)
         finally:
-            self.metrics.connections.dec()
+            self.metrics.connection_closed()
             connection.close()
 
     async def _request(

@@ -355,6 +355,7 @@ class RemoteLogManager:
             )
             await self._record(work, record)
             uploads[layout.REMOTE_LOG_INDEX] = encode_entries(scan.entries)
+            self.metrics.copy_requests.labels(work.tp.topic).inc()
             try:
                 await asyncio.to_thread(self._upload, objects, fd, segment.size_bytes, uploads)
                 await self._record(work, _with_state(record, pb.COPY_FINISHED))
@@ -483,7 +484,6 @@ class RemoteLogManager:
 
     def _observe(self, work: PartitionTiering) -> None:
         hosted = work.hosted
-        labels = (hosted.topic, str(hosted.partition))
         lagging = [
             s
             for s in hosted.segments
@@ -491,11 +491,17 @@ class RemoteLogManager:
             and s.next_offset <= hosted.high_watermark
             and s.next_offset > work.next_offset
         ]
-        self.metrics.copy_lag_segments.labels(*labels).set(len(lagging))
-        self.metrics.copy_lag_bytes.labels(*labels).set(sum(s.size_bytes for s in lagging))
         finished = work.finished
-        self.metrics.remote_log_segments.labels(*labels).set(len(finished))
-        self.metrics.remote_log_size_bytes.labels(*labels).set(sum(r.size_bytes for r in finished))
+        self.metrics.observe(
+            hosted.topic,
+            hosted.partition,
+            leader=hosted.leader,
+            lag_segments=len(lagging),
+            lag_bytes=sum(s.size_bytes for s in lagging),
+            remote_segments=len(finished),
+            remote_bytes=sum(r.size_bytes for r in finished),
+            remote_records=len(work.records),
+        )
 
     # Following -----------------------------------------------------------------------------------
 

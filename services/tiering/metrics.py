@@ -1,11 +1,25 @@
 """Prometheus metrics of a tiering service, at http://<host>:<metrics port>/metrics, named
-after Kafka's RemoteLogManager metrics (RemoteCopyBytesPerSec, RemoteCopyLagBytes, ...)."""
+after Kafka's RemoteLogManager metrics (RemoteCopyBytesPerSec, RemoteCopyLagBytes, ...).
+
+Beside the directlog_tiering_* series, the same numbers under the names Kafka 3.7+'s
+BrokerTopicMetrics MBeans for remote copies become under Strimzi's JMX exporter rules
+(kafka_server_brokertopicmetrics_remotecopybytes_total, ..._remotecopylagbytes, ...;
+docs/metrics.md), read when Prometheus scrapes. As in Kafka they are per topic (gauges sum
+the topic's partitions) plus one all-topics series without a topic label, and only what this
+process does as a partition's leader counts: a follower's lag and remote size are in the
+directlog_tiering_* gauges only, so sums over the cluster count each partition once.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from directlog.metrics import LATENCY_BUCKETS, serve
 
@@ -23,6 +37,12 @@ class TieringMetrics:
         self.copied_segments = Counter(
             "directlog_tiering_copied_segments",
             "Segments copied to the remote store, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.copy_requests = Counter(
+            "directlog_tiering_copy_requests",
+            "Segment copies begun (uploads started once COPY_STARTED was recorded), by topic",
             ["topic"],
             registry=r,
         )
@@ -63,6 +83,12 @@ class TieringMetrics:
             labels,
             registry=r,
         )
+        self.remote_log_records = Gauge(
+            "directlog_tiering_remote_log_records",
+            "The partition's remote log segment records, in any state",
+            labels,
+            registry=r,
+        )
         self.deleted_segments = Counter(
             "directlog_tiering_deleted_segments",
             "Remote segments deleted (retention, deleted topics, cleanup of failed copies)",
@@ -82,6 +108,40 @@ class TieringMetrics:
             registry=r,
         )
 
+        # Partitions whose gauges were last set as their leader (Kafka's names report those).
+        self._leading: set[tuple[str, str]] = set()
+        self._leading_lock = threading.Lock()
+        r.register(_KafkaRemoteCopyCollector(self))
+
+    def observe(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        leader: bool,
+        lag_segments: int,
+        lag_bytes: int,
+        remote_segments: int,
+        remote_bytes: int,
+        remote_records: int,
+    ) -> None:
+        """A hosted partition's state after a round, as its leader or as a follower."""
+        labels = (topic, str(partition))
+        self.copy_lag_segments.labels(*labels).set(lag_segments)
+        self.copy_lag_bytes.labels(*labels).set(lag_bytes)
+        self.remote_log_segments.labels(*labels).set(remote_segments)
+        self.remote_log_size_bytes.labels(*labels).set(remote_bytes)
+        self.remote_log_records.labels(*labels).set(remote_records)
+        with self._leading_lock:
+            if leader:
+                self._leading.add(labels)
+            else:
+                self._leading.discard(labels)
+
+    def leading(self) -> set[tuple[str, str]]:
+        with self._leading_lock:
+            return set(self._leading)
+
     def forget(self, topic: str, partition: int) -> None:
         """Stop reporting a partition this broker no longer hosts."""
         for gauge in (
@@ -89,9 +149,103 @@ class TieringMetrics:
             self.copy_lag_segments,
             self.remote_log_size_bytes,
             self.remote_log_segments,
+            self.remote_log_records,
         ):
             with contextlib.suppress(KeyError):
                 gauge.remove(topic, str(partition))
+        with self._leading_lock:
+            self._leading.discard((topic, str(partition)))
 
     def serve(self, host: str, port: int) -> int:
         return serve(self.registry, host, port)
+
+
+class _KafkaRemoteCopyCollector(Collector):
+    """Kafka's BrokerTopicMetrics for remote copies (KIP-405, KIP-963) from the counters and
+    gauges above."""
+
+    PREFIX = "kafka_server_brokertopicmetrics_"
+
+    def __init__(self, metrics: TieringMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        counters = []
+        for name, counter, documentation in (
+            (
+                "remotecopybytes",
+                metrics.copied_bytes,
+                "RemoteCopyBytesPerSec: segment bytes copied to the remote store",
+            ),
+            (
+                "remotecopyrequests",
+                metrics.copy_requests,
+                "RemoteCopyRequestsPerSec: segment copies begun",
+            ),
+            (
+                "remotecopyerrors",
+                metrics.copy_errors,
+                "RemoteCopyErrorsPerSec: segment copies that failed",
+            ),
+        ):
+            by_topic: dict[str, float] = {}
+            for family in counter.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        topic = sample.labels["topic"]
+                        by_topic[topic] = by_topic.get(topic, 0.0) + sample.value
+            counters.append((name, documentation, by_topic))
+        copied = {topic for _, _, by_topic in counters for topic in by_topic}
+        for name, documentation, by_topic in counters:  # 0, not absent, for a topic copied to
+            values = {topic: by_topic.get(topic, 0.0) for topic in copied}
+            yield _per_topic(CounterMetricFamily, self.PREFIX + name, documentation, values)
+        leading = metrics.leading()
+        for name, gauge, documentation in (
+            (
+                "remotecopylagbytes",
+                metrics.copy_lag_bytes,
+                "RemoteCopyLagBytes: bytes of closed segments below the high watermark not yet "
+                "copied, of partitions led here",
+            ),
+            (
+                "remotecopylagsegments",
+                metrics.copy_lag_segments,
+                "RemoteCopyLagSegments: closed segments below the high watermark not yet "
+                "copied, of partitions led here",
+            ),
+            (
+                "remotelogsizebytes",
+                metrics.remote_log_size_bytes,
+                "RemoteLogSizeBytes: bytes of the finished remote segments of partitions led here",
+            ),
+            (
+                "remotelogmetadatacount",
+                metrics.remote_log_records,
+                "RemoteLogMetadataCount: remote log segment records (any state) of partitions "
+                "led here",
+            ),
+        ):
+            by_topic = {}
+            for family in gauge.collect():
+                for sample in family.samples:
+                    labels = sample.labels
+                    if (labels["topic"], labels["partition"]) in leading:
+                        topic = labels["topic"]
+                        by_topic[topic] = by_topic.get(topic, 0.0) + sample.value
+            yield _per_topic(GaugeMetricFamily, self.PREFIX + name, documentation, by_topic)
+
+
+def _per_topic(
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily],
+    name: str,
+    documentation: str,
+    by_topic: dict[str, float],
+) -> Metric:
+    """A series per topic and Kafka's all-topics one (no topic label): their sum."""
+    family = kind(name, documentation, labels=["topic"])
+    suffix = "_total" if kind is CounterMetricFamily else ""
+    family.samples.append(Sample(name + suffix, {}, sum(by_topic.values())))
+    for topic, value in sorted(by_topic.items()):
+        family.add_metric([topic], value)
+    return family
