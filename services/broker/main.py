@@ -32,6 +32,7 @@ from services.broker.groups.coordinator import CoordinatorSettings, GroupCoordin
 from services.broker.groups.group import GroupLimits
 from services.broker.groups.handlers import GroupApis
 from services.broker.groups.offsets_topic import OFFSETS_TOPIC
+from services.broker.kafka_exporter import KafkaExporterMetrics
 from services.broker.metrics import BrokerMetrics
 from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.rdma.consume import RdmaConsume
@@ -126,6 +127,8 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     )
     replicas.leadership_listeners.append(coordinator.leadership_changed)
     metrics.watch_groups(coordinator)
+    exporter = KafkaExporterMetrics(settings.node_id, image, replicas, coordinator, loop)
+    metrics.registry.register(exporter)  # kafka_exporter's names: lag without an exporter
     producer_ids = ProducerIdAllocator(link)
     apis = KafkaApis(
         settings,
@@ -196,6 +199,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         housekeeping.cancel()
         compaction.cancel()
         await coordinator.close()
+        await exporter.close()
         await producer_ids.close()
         await link.close()
         await replicas.close()
