@@ -10,9 +10,9 @@ BROKERS ?= 3
 DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # Real clients the test suite drives from the shell, `ip` for the network namespaces the
 # consensus partition tests put members in, rdma-core's pyverbs (the RDMA provider for
-# real devices, checked to import here) and a Java runtime for the Spark tests' local
-# SparkSession.
-TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs default-jre-headless
+# real devices, checked to import here), a Java runtime for the Spark tests' local
+# SparkSession, and Prometheus with promtool for the dashboards' and alert rules' tests.
+TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs default-jre-headless prometheus
 
 .PHONY: test run lint bench proto clean
 
@@ -39,6 +39,7 @@ proto: $(GENERATED)
 
 test: $(STAMP) proto
 	@command -v kcat >/dev/null && command -v ip >/dev/null && command -v java >/dev/null \
+	  && command -v prometheus >/dev/null && command -v promtool >/dev/null \
 	  && test -d /usr/lib/python3/dist-packages/pyverbs \
 	  || { echo "installing $(TEST_DEBIAN_PACKAGES) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEBIAN_PACKAGES); }
