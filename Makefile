@@ -76,6 +76,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.tiering
 	$(PY) -m bench.down_conversion
 	$(PY) -m bench.spark
+	$(PY) -m bench.traffic_delays
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.

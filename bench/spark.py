@@ -2,7 +2,8 @@
 
     python -m bench.spark [--quick] [--rounds N]
 
-Issue 24's first benchmark. One topic of 6 million 100-byte records (1 million with
+Issue 24's first benchmark (the second, the traffic pipeline's event delay over TCP and
+RDMA consume, is bench/traffic_delays.py). One topic of 6 million 100-byte records (1 million with
 --quick) over 4 partitions, no key, uncompressed, written once by confluent-kafka with the
 Java producer's 16 KiB batches, on a one-broker Directlog cluster (tests/e2e/cluster.py: a
 consensus member, the controller and the broker as subprocesses on free loopback ports),

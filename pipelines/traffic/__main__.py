@@ -2,6 +2,7 @@
 
     python -m pipelines.traffic --bootstrap 127.0.0.1:9092 --rate 400 --seconds 60
     python -m pipelines.traffic --workload burst --burst-every 10 --seconds 60
+    python -m pipelines.traffic --rdma-consume --rdma-produce exclusive
 
 Against a running cluster (`make run`): makes the four topics if they are missing
 (`--partitions`, `--replication`), starts the job (job.py) on a local SparkSession from
@@ -187,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="traffic-checkpoint-")
     settings = settings_from(args, checkpoint)
-    # RDMA produce writes into preallocated head segments: topics made here get them.
-    config = {"preallocate": "true"} if args.rdma_produce != "off" else {}
+    # RDMA produce writes into preallocated head segments, and RDMA consume reads the head
+    # only where it is preallocated: topics made here for either get them.
+    rdma = args.rdma_produce != "off" or args.rdma_consume
+    config = {"preallocate": "true"} if rdma else {}
     made = ensure_topics(
         args.bootstrap,
         [args.counts_topic, args.speeds_topic, args.aggregates_topic, args.delays_topic],
