@@ -40,9 +40,12 @@ def _stop_checked(broker: BrokerProcess) -> None:
 
 
 @contextlib.contextmanager
-def single_broker(work_dir: Path) -> Iterator[BrokerProcess]:
-    """A one-broker cluster; yields its broker, checked to stop cleanly."""
-    cluster = Cluster(work_dir).start()
+def single_broker(
+    work_dir: Path, broker_settings: dict[str, object] | None = None
+) -> Iterator[BrokerProcess]:
+    """A one-broker cluster (its broker with `broker_settings`); yields its broker, checked
+    to stop cleanly."""
+    cluster = Cluster(work_dir, broker_settings=broker_settings).start()
     try:
         yield cluster.brokers[0]
         _stop_checked(cluster.brokers[0])

@@ -23,7 +23,14 @@ from tests.e2e.conftest import clients, pytest_runtest_makereport, single_broker
 
 # Shared with tests/e2e: confluent-kafka clients, per-test topic names, and the broker's
 # stderr tail in the report of a failing test.
-__all__ = ["clients", "module_broker", "pytest_runtest_makereport", "spark", "topic_name"]
+__all__ = [
+    "clients",
+    "module_broker",
+    "pytest_runtest_makereport",
+    "rdma_broker",
+    "spark",
+    "topic_name",
+]
 
 
 @pytest.fixture(scope="package")
@@ -75,4 +82,12 @@ def _stop_jvm() -> None:
 def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """One broker for a module's tests, which keep to topics of their own (topic_name)."""
     with single_broker(tmp_path_factory.mktemp("spark-cluster")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def rdma_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker serving RDMA produce and consume on the shm provider (this machine's)."""
+    settings = {"rdma_produce": True, "rdma_consume": True, "rdma_provider": "shm"}
+    with single_broker(tmp_path_factory.mktemp("spark-rdma"), settings) as process:
         yield process

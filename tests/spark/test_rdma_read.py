@@ -7,14 +7,10 @@ the same read goes over TCP; a bad rdma.* value fails before any task."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.broker import BrokerProcess
-from tests.e2e.cluster import Cluster
-from tests.e2e.conftest import _stop_checked
 from tests.spark.frames import load, read_cases, refused
 from tests.spark.test_stream_reads import produce as produce_numbers
 from tests.spark.test_stream_reads import run
@@ -28,18 +24,6 @@ PREALLOCATED = {"preallocate": "true", "segment.bytes": str(64 << 10)}
 RDMA = {"rdma.consume": "true", "rdma.provider": "shm"}
 FETCHES = "directlog_broker_requests_total"
 SLOT_WRITES = "directlog_broker_rdma_consume_slot_writes_total"
-
-
-@pytest.fixture(scope="module")
-def rdma_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    settings = {"rdma_consume": True, "rdma_provider": "shm"}
-    cluster = Cluster(tmp_path_factory.mktemp("spark-rdma-read"), broker_settings=settings)
-    cluster.start()
-    try:
-        yield cluster.brokers[0]
-        _stop_checked(cluster.brokers[0])
-    finally:
-        cluster.stop()
 
 
 def produce(clients, bootstrap: str, topic: str, count: int) -> None:

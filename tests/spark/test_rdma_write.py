@@ -4,31 +4,14 @@ keyed rows where the Java producer puts them; a bad rdma.* value fails before an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.e2e.broker import BrokerProcess
-from tests.e2e.cluster import Cluster
-from tests.e2e.conftest import _stop_checked
 from tests.spark.frames import refused
 
 pytestmark = pytest.mark.timeout(180)
 
 PREALLOCATED = {"preallocate": "true", "segment.bytes": str(1 << 20)}
-
-
-@pytest.fixture(scope="module")
-def rdma_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    settings = {"rdma_produce": True, "rdma_provider": "shm"}
-    cluster = Cluster(tmp_path_factory.mktemp("spark-rdma"), broker_settings=settings)
-    cluster.start()
-    try:
-        yield cluster.brokers[0]
-        _stop_checked(cluster.brokers[0])
-    finally:
-        cluster.stop()
 
 
 def test_rows_written_over_rdma_read_back_with_confluent_kafka(
