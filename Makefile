@@ -14,7 +14,7 @@ DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # SparkSession, and Prometheus with promtool for the dashboards' and alert rules' tests.
 TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs default-jre-headless prometheus
 
-.PHONY: test run lint bench proto clean
+.PHONY: test run monitor lint bench proto clean
 
 $(STAMP): pyproject.toml directlog/records/_scan.c directlog/rdma/_atomics.c
 	@$(PYTHON) -c 'import ensurepip, pathlib, sys, sysconfig; \
@@ -49,6 +49,17 @@ test: $(STAMP) proto
 # controllers (127.0.0.1:9190-9191) and $(BROKERS) brokers (127.0.0.1:9092 up), data under $(DATA).
 run: $(STAMP) proto
 	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
+
+# Prometheus (Debian's package) in the foreground, with the alert rules of
+# deploy/helm/directlog/rules, scraping every process of the `make run` cluster that keeps
+# its data in the same $(DATA): it finds them in the files `make run` writes under
+# $(DATA)/monitor/targets (services/monitor.py). UI at http://$(MONITOR_ADDRESS).
+MONITOR_ADDRESS ?= 127.0.0.1:9090
+
+monitor: $(STAMP)
+	@command -v prometheus >/dev/null || { echo "installing prometheus with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
+	$(PY) -m services.monitor --data-dir $(DATA) --listen $(MONITOR_ADDRESS)
 
 lint: $(STAMP) proto
 	$(VENV)/bin/ruff check directlog services tests bench pipelines

@@ -10,6 +10,12 @@ DIRECTLOG_TIERING_REMOTE names another. They are supervised the way a kubelet wo
 logged and started again after a back-off (1 s, doubling up to 30 s), while the others
 keep serving. Only Ctrl-C, SIGINT or SIGTERM stops them all: tiering services, brokers,
 controllers, then members, each tier given 15 s before SIGKILL.
+
+Every process serves its metrics on a fixed port (members 127.0.0.1:7181-7183, controllers
+9390-9391, brokers 9308 and up, tiering services 9408 and up), and at start the cluster
+writes them, by Prometheus job and labelled as the chart's pods, as file-based service
+discovery files under ``<data-dir>/monitor/targets/``, which `make monitor`
+(services/monitor.py) scrapes.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ from pathlib import Path
 import yaml
 
 from services.consensus.fourletter import mode_of
+from services.monitor import (
+    JOB_BROKER,
+    JOB_CONSENSUS,
+    JOB_CONTROLLER,
+    JOB_TIERING,
+    pod_labels,
+    write_targets,
+)
 from services.supervisor import ProcessSpec, Supervisor
 
 CONSENSUS_MEMBERS = 3
@@ -98,6 +112,29 @@ def main(argv: list[str] | None = None) -> None:
     ensemble = ",".join(f"127.0.0.1:{2180 + i}" for i in range(1, CONSENSUS_MEMBERS + 1))
     controllers = [f"127.0.0.1:{CONTROLLER_PORT + i}" for i in range(CONTROLLERS)]
     brokers = [f"127.0.0.1:{BROKER_PORT + i}" for i in range(args.brokers)]
+    # Metrics addresses by Prometheus job, each labelled as the chart's pod and container
+    # (a tiering service is its broker's sidecar).
+    metrics = {
+        JOB_CONSENSUS: {
+            f"127.0.0.1:{7180 + i}": pod_labels(f"directlog-consensus-{i - 1}", "consensus")
+            for i in range(1, CONSENSUS_MEMBERS + 1)
+        },
+        JOB_CONTROLLER: {
+            f"127.0.0.1:{CONTROLLER_METRICS_PORT + i}": pod_labels(
+                f"directlog-controller-{i}", "controller"
+            )
+            for i in range(CONTROLLERS)
+        },
+        JOB_BROKER: {
+            f"127.0.0.1:{BROKER_METRICS_PORT + i}": pod_labels(f"directlog-broker-{i}", "broker")
+            for i in range(args.brokers)
+        },
+        JOB_TIERING: {
+            f"127.0.0.1:{TIERING_METRICS_PORT + i}": pod_labels(f"directlog-broker-{i}", "tiering")
+            for i in range(args.brokers)
+        },
+    }
+    write_targets(args.data_dir, metrics)
     # One entry per kind of process; each process is restarted by its name.
     others = [
         *(
@@ -166,13 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         f"  tiered storage                  {remote} (topics with remote.storage.enable=true)\n"
         "  metrics                         "
         + ", ".join(
-            f"http://127.0.0.1:{port}/metrics"
-            for port in [
-                *(7180 + i for i in range(1, CONSENSUS_MEMBERS + 1)),
-                *(CONTROLLER_METRICS_PORT + i for i in range(CONTROLLERS)),
-                *(BROKER_METRICS_PORT + i for i in range(args.brokers)),
-                *(TIERING_METRICS_PORT + i for i in range(args.brokers)),
-            ]
+            f"http://{address}/metrics" for targets in metrics.values() for address in targets
         )
         + "\n"
         f"  data                            {args.data_dir.resolve()}\n"
