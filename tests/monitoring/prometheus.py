@@ -35,7 +35,9 @@ START_TIMEOUT = 60.0
 class Prometheus:
     """`jobs` maps a job name to the "host:port" targets whose /metrics it scrapes;
     `labels` adds target labels to every target of a job (what a Kubernetes scrape config's
-    relabelling would add), `metric_relabel` rules to a job's samples."""
+    relabelling would add), `target_labels` to one target ("host:port", over its job's:
+    what service discovery gives each pod, such as `pod`), `metric_relabel` rules to a
+    job's samples."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class Prometheus:
         *,
         labels: Mapping[str, Mapping[str, str]] | None = None,
         metric_relabel: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        target_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
@@ -60,9 +63,9 @@ class Prometheus:
             "scrape_configs": [
                 {
                     "job_name": job,
-                    "static_configs": [
-                        {"targets": list(targets), "labels": dict((labels or {}).get(job, {}))}
-                    ],
+                    "static_configs": _static_configs(
+                        targets, (labels or {}).get(job, {}), target_labels or {}
+                    ),
                     "metric_relabel_configs": list((metric_relabel or {}).get(job, [])),
                 }
                 for job, targets in jobs.items()
@@ -167,3 +170,18 @@ class Prometheus:
                     + "; ".join(f"{t['scrapeUrl']} {t['health']} {t['lastError']}" for t in states)
                 )
             time.sleep(0.5)
+
+
+def _static_configs(
+    targets: Sequence[str],
+    job_labels: Mapping[str, str],
+    target_labels: Mapping[str, Mapping[str, str]],
+) -> list[dict[str, Any]]:
+    """One static config for the job's targets, or one per target where some have labels
+    of their own."""
+    if not any(target in target_labels for target in targets):
+        return [{"targets": list(targets), "labels": dict(job_labels)}]
+    return [
+        {"targets": [target], "labels": {**job_labels, **target_labels.get(target, {})}}
+        for target in targets
+    ]
