@@ -70,6 +70,7 @@ class ImageChange:
     partitions: list[tuple[TopicInfo, PartitionInfo]]  # new or changed
     deleted: list[TopicInfo]
     reconfigured: list[TopicInfo]  # every topic when the cluster-wide defaults changed
+    created: list[TopicInfo] = field(default_factory=list)  # new here, by topic id
 
 
 class ClusterImage:
@@ -144,6 +145,7 @@ class ClusterImage:
             known = TopicInfo(state.name, topic_id, configs)
             self.topics[state.name] = known
             self._by_id[topic_id] = known
+            change.created.append(known)
         elif known.configs != configs:
             known.configs = configs
             change.reconfigured.append(known)

@@ -10,6 +10,13 @@ count in Kafka, so the Strimzi Kafka dashboard and its alerts work unchanged
 the per-topic produce and fetch counts are plain integers bumped on the event loop and read
 by one collector, which exposes the directlog_broker_* and kafka_server_brokertopicmetrics_*
 families from them.
+
+A topic's series live as long as the topic does here (`BrokerMetrics.forget`): they are
+exported only while the broker's cluster image has the topic, and dropped when it is deleted,
+when a topic of its name is created (it starts from zero, as in Kafka), and when this broker
+no longer hosts a replica of it (Kafka's ReplicaManager.maybeRemoveTopicMetrics); a replica's
+own series go with the replica. The all-topics series keep counting what dropped topics had
+counted, so they never go down.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +40,7 @@ from services.broker.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
     from directlog.protocol.produce import PartitionResult
+    from services.broker.cluster_metadata import ClusterImage
     from services.broker.fetch_response import PartitionData
     from services.broker.groups.coordinator import GroupCoordinator
     from services.broker.replica_manager import ReplicaManager
@@ -82,6 +90,14 @@ class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Series of topics and replicas (see forget): labelled ones, the image saying which
+        # topics exist (None until watch_replicas: all of them), and what dropped topics had
+        # counted, which the all-topics series keep. The lock keeps a scrape from reading a
+        # dropped topic's counts twice or not at all while forget moves them.
+        self._series: list[TopicSeries] = []
+        self._image: ClusterImage | None = None
+        self._retired = TopicStats()
+        self._lifetime = threading.Lock()
         self.requests = Counter(
             "directlog_broker_requests",
             "Requests handled, by API and version",
@@ -102,11 +118,13 @@ class BrokerMetrics:
             registry=r,
         )
         # RDMA produce (services/broker/rdma/produce.py).
-        self.rdma_writes = Counter(
-            "directlog_broker_rdma_produce_writes",
-            "RDMA produce writes committed (each one or more record batches)",
-            ["topic"],
-            registry=r,
+        self.rdma_writes = self._by_topic(
+            Counter(
+                "directlog_broker_rdma_produce_writes",
+                "RDMA produce writes committed (each one or more record batches)",
+                ["topic"],
+                registry=None,
+            )
         )
         self.rdma_revocations = Counter(
             "directlog_broker_rdma_produce_revocations",
@@ -123,11 +141,14 @@ class BrokerMetrics:
             "Segments registered for RDMA consumers' one-sided reads",
             registry=r,
         )
-        self.rdma_slot_writes = Counter(
-            "directlog_broker_rdma_consume_slot_writes",
-            "Metadata slot rewrites for RDMA consumers (high watermark moves, seals, revocations)",
-            ["topic"],
-            registry=r,
+        self.rdma_slot_writes = self._by_topic(
+            Counter(
+                "directlog_broker_rdma_consume_slot_writes",
+                "Metadata slot rewrites for RDMA consumers (high watermark moves, seals, "
+                "revocations)",
+                ["topic"],
+                registry=None,
+            )
         )
         self.rdma_consume_revocations = Counter(
             "directlog_broker_rdma_consume_revocations",
@@ -153,49 +174,63 @@ class BrokerMetrics:
         )
 
         # RDMA push replication (services/broker/rdma/replica_leader.py) and its fallback.
-        self.replication_pushed_bytes = Counter(
-            "directlog_broker_replication_pushed_bytes",
-            "Record bytes a leader pushed to followers with RDMA writes",
-            ["topic"],
-            registry=r,
+        self.replication_pushed_bytes = self._by_topic(
+            Counter(
+                "directlog_broker_replication_pushed_bytes",
+                "Record bytes a leader pushed to followers with RDMA writes",
+                ["topic"],
+                registry=None,
+            )
         )
-        self.replication_pushes = Counter(
-            "directlog_broker_replication_pushes",
-            "RDMA writes of record batches a leader pushed to followers",
-            ["topic"],
-            registry=r,
+        self.replication_pushes = self._by_topic(
+            Counter(
+                "directlog_broker_replication_pushes",
+                "RDMA writes of record batches a leader pushed to followers",
+                ["topic"],
+                registry=None,
+            )
         )
-        self.replication_channels = Gauge(
-            "directlog_broker_replication_push_channels",
-            "Push channels a leader has open to followers, by topic",
-            ["topic"],
-            registry=r,
+        self.replication_channels = self._by_topic(
+            Gauge(
+                "directlog_broker_replication_push_channels",
+                "Push channels a leader has open to followers, by topic",
+                ["topic"],
+                registry=None,
+            )
         )
-        self.replica_pulled_bytes = Counter(
-            "directlog_broker_replica_pulled_bytes",
-            "Record bytes a follower appended from its pull fetches, by partition",
-            ["topic", "partition"],
-            registry=r,
+        self.replica_pulled_bytes = self._by_topic(
+            Counter(
+                "directlog_broker_replica_pulled_bytes",
+                "Record bytes a follower appended from its pull fetches, by partition",
+                ["topic", "partition"],
+                registry=None,
+            )
         )
 
         # Tiered storage (services/broker/tiered/): reads from the remote store.
-        self.remote_fetch_bytes = Counter(
-            "directlog_broker_remote_fetch_bytes",
-            "Record bytes read from the remote store for fetches, by topic",
-            ["topic"],
-            registry=r,
+        self.remote_fetch_bytes = self._by_topic(
+            Counter(
+                "directlog_broker_remote_fetch_bytes",
+                "Record bytes read from the remote store for fetches, by topic",
+                ["topic"],
+                registry=None,
+            )
         )
-        self.remote_fetch_requests = Counter(
-            "directlog_broker_remote_fetch_requests",
-            "Reads from the remote store for fetches and offset lookups, by topic",
-            ["topic"],
-            registry=r,
+        self.remote_fetch_requests = self._by_topic(
+            Counter(
+                "directlog_broker_remote_fetch_requests",
+                "Reads from the remote store for fetches and offset lookups, by topic",
+                ["topic"],
+                registry=None,
+            )
         )
-        self.remote_fetch_errors = Counter(
-            "directlog_broker_remote_fetch_errors",
-            "Reads from the remote store that failed (unreachable, corrupt), by topic",
-            ["topic"],
-            registry=r,
+        self.remote_fetch_errors = self._by_topic(
+            Counter(
+                "directlog_broker_remote_fetch_errors",
+                "Reads from the remote store that failed (unreachable, corrupt), by topic",
+                ["topic"],
+                registry=None,
+            )
         )
         self.remote_read_latency = Histogram(
             "directlog_broker_remote_read_latency_seconds",
@@ -206,11 +241,13 @@ class BrokerMetrics:
 
         # Fetches of old consumers (services/broker/down_conversion.py), meaning what Kafka's
         # FetchMessageConversionsPerSec, MessageConversionsTimeMs and TemporaryMemoryBytes do.
-        self.message_conversions = Counter(
-            "directlog_broker_fetch_message_conversions",
-            "Records converted to an older message format for old consumers, by topic",
-            ["topic"],
-            registry=r,
+        self.message_conversions = self._by_topic(
+            Counter(
+                "directlog_broker_fetch_message_conversions",
+                "Records converted to an older message format for old consumers, by topic",
+                ["topic"],
+                registry=None,
+            )
         )
         self.conversion_time = Histogram(
             "directlog_broker_message_conversion_seconds",
@@ -234,8 +271,15 @@ class BrokerMetrics:
         self._connections_closed = 0
         self._loop_load: LoopLoad | None = None
         r.register(_TopicCollector(self))
+        for series in self._series:
+            r.register(series)
         r.register(_ServerCollector(self))
         r.register(_DiskCollector())
+
+    def _by_topic(self, metric: Counter | Gauge) -> TopicSeries:
+        series = TopicSeries(metric, self.exported)
+        self._series.append(series)
+        return series
 
     def request(self, api: str, version: int, seconds: float, count: int = 1) -> None:
         """`count` requests of one API version answered, each `seconds` after it began."""
@@ -251,6 +295,7 @@ class BrokerMetrics:
         self.registry.register(_LogCollector(lambda: logs))
 
     def watch_replicas(self, replicas: ReplicaManager) -> None:
+        self._image = replicas.image
         self.registry.register(_ReplicaCollector(replicas, self))
 
     def watch_groups(self, coordinator: GroupCoordinator) -> None:
@@ -262,6 +307,37 @@ class BrokerMetrics:
         cpu = thread_cpu_clock(threading.get_ident())
         if cpu is not None and self._loop_load is None:
             self._loop_load = LoopLoad(cpu)
+
+    def exported(self, topic: str) -> bool:
+        """Whether a topic's series are exported: while the cluster image has the topic. Work
+        under way when it was deleted (a remote read, a conversion) may still count for it;
+        that is not shown, and goes at the next forget."""
+        image = self._image
+        return image is None or topic in image.topics
+
+    def forget(
+        self, topics: Collection[str] = (), replicas: Collection[TopicPartition] = ()
+    ) -> None:
+        """Drop the series of `topics` and of the replicas `replicas`, and of any topic the
+        cluster image no longer has. For a topic deleted, created (whatever an older topic of
+        its name left: the new one starts from zero) or no longer hosted here; for a replica
+        this broker stopped hosting. The all-topics series keep what the dropped ones counted.
+        Children of labelled series that callers keep stay usable (TopicSeries). Call on the
+        event loop."""
+        gone = {(tp.topic, str(tp.partition)) for tp in replicas}
+
+        def doomed(labels: tuple[str, ...]) -> bool:
+            topic = labels[0]
+            return topic in topics or labels[:2] in gone or not self.exported(topic)
+
+        with self._lifetime:
+            for topic in list(self._topics):
+                if doomed((topic,)):
+                    stats = self._topics.pop(topic, None)
+                    if stats is not None:
+                        self._retired.add(stats)
+            for series in self._series:
+                series.drop(doomed)
 
     def topic_stats(self, topic: str) -> TopicStats:
         stats = self._topics.get(topic)
@@ -366,6 +442,103 @@ class TopicStats:
         self.replication_bytes_out = 0  # record bytes sent to followers
         self.replication_records_out = 0  # offsets those bytes span
 
+    def add(self, other: TopicStats) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def copy(self) -> TopicStats:
+        copied = TopicStats()
+        copied.add(self)
+        return copied
+
+
+class TopicSeries(Collector):
+    """A labelled Counter or Gauge whose first label is the topic (a second may be the
+    partition), exported only for topics `exported` says exist, and whose children can be
+    dropped with their topic (`drop`).
+
+    `labels()` hands out a TopicChild, which callers may keep (RDMA consume keeps one per
+    topic): it looks its metric's child up again after every drop, so what it counts after its
+    topic was dropped lands in a new child that is exported, from zero, rather than in the
+    removed one."""
+
+    def __init__(self, metric: Counter | Gauge, exported: Callable[[str], bool]) -> None:
+        self.metric = metric
+        self.generation = 0  # drops so far
+        self.retired = 0.0  # what the dropped children of a counter had counted
+        self._exported = exported
+        self._children: dict[tuple[str, ...], TopicChild] = {}
+
+    def labels(self, *values: str) -> TopicChild:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = TopicChild(self, values)
+        return child
+
+    def by_topic(self) -> dict[str, float]:
+        """Every child's value summed by topic, exported or not."""
+        totals: dict[str, float] = {}
+        for labels, value in self._values():
+            totals[labels[0]] = totals.get(labels[0], 0.0) + value
+        return totals
+
+    def drop(self, doomed: Callable[[tuple[str, ...]], bool]) -> None:
+        """Remove the children whose label values `doomed` names; a counter's `retired` keeps
+        their sum. The children are removed before `generation` moves: a TopicChild that sees
+        the new generation makes a child that stays."""
+        removed = [(labels, value) for labels, value in self._values() if doomed(labels)]
+        for labels, _ in removed:
+            self.metric.remove(*labels)
+        for values in list(self._children):
+            if doomed(values):
+                self._children.pop(values, None)
+        self.retired += sum(value for _, value in removed)
+        self.generation += 1
+
+    def _values(self) -> list[tuple[tuple[str, ...], float]]:
+        """(label values, value) of every child: a counter's total, a gauge's value."""
+        found = []
+        for family in self.metric.collect():
+            for sample in family.samples:
+                if not sample.name.endswith("_created"):
+                    found.append((tuple(sample.labels.values()), sample.value))
+        return found
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self.metric.describe()
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.metric.collect():
+            family.samples = [s for s in family.samples if self._exported(s.labels["topic"])]
+            yield family
+
+
+class TopicChild:
+    """One child of a TopicSeries, as the request path increments it."""
+
+    __slots__ = ("_child", "_generation", "_series", "_values")
+
+    def __init__(self, series: TopicSeries, values: tuple[str, ...]) -> None:
+        self._series = series
+        self._values = values
+        self._generation = -1
+        self._child: Any = None
+
+    def _current(self) -> Any:
+        series = self._series
+        generation = series.generation
+        if self._generation != generation:
+            self._child = series.metric.labels(*self._values)
+            self._generation = generation
+        return self._child
+
+    def inc(self, amount: float = 1) -> None:
+        self._current().inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        """A gauge's."""
+        self._current().dec(amount)
+
 
 # Idle time of the event loop --------------------------------------------------------------------
 
@@ -438,17 +611,6 @@ def _idle(before: LoopReading, after: LoopReading) -> float:
 # Collectors ---------------------------------------------------------------------------------------
 
 
-def _by_label(counter: Counter, label: str = "topic") -> dict[str, float]:
-    """A labelled counter's totals by one of its labels (summed over the others)."""
-    totals: dict[str, float] = {}
-    for family in counter.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                key = sample.labels[label]
-                totals[key] = totals.get(key, 0.0) + sample.value
-    return totals
-
-
 def _total(counter: Counter) -> float:
     """An unlabelled counter's value."""
     return sum(
@@ -460,13 +622,13 @@ def _total(counter: Counter) -> float:
 
 
 def _topic_counter(
-    name: str, documentation: str, by_topic: dict[str, float]
+    name: str, documentation: str, by_topic: dict[str, float], all_topics: float
 ) -> CounterMetricFamily:
     """A BrokerTopicMetrics meter: a series per topic, and Kafka's all-topics meter as the
-    series without a topic label, their sum. Dashboards that add series up select topic!=""
-    (Strimzi's do)."""
+    series without a topic label: their sum, with what dropped topics had counted. Dashboards
+    that add series up select topic!="" (Strimzi's do)."""
     family = CounterMetricFamily(name, documentation, labels=["topic"])
-    family.samples.append(Sample(f"{name}_total", {}, sum(by_topic.values())))
+    family.samples.append(Sample(f"{name}_total", {}, all_topics))
     for topic, value in sorted(by_topic.items()):
         family.add_metric([topic], value)
     return family
@@ -481,10 +643,30 @@ class _TopicCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         metrics = self._metrics
-        topics = list(metrics._topics.items())
+        labelled = (
+            metrics.replication_pushed_bytes,
+            metrics.replica_pulled_bytes,
+            metrics.remote_fetch_requests,
+            metrics.remote_fetch_errors,
+            metrics.remote_fetch_bytes,
+        )
+        with metrics._lifetime:  # counts and what dropped topics counted, read together
+            topics = list(metrics._topics.items())
+            retired = metrics._retired.copy()
+            pushed, pulled, read, failed, read_bytes = (
+                (series.by_topic(), series.retired) for series in labelled
+            )
+        exported = metrics.exported
+        shown = [(topic, stats) for topic, stats in topics if exported(topic)]
 
         def per_topic(value: Callable[[TopicStats], int]) -> dict[str, float]:
-            return {topic: float(value(stats)) for topic, stats in topics}
+            return {topic: float(value(stats)) for topic, stats in shown}
+
+        def all_topics(value: Callable[[TopicStats], int]) -> float:
+            return float(sum(value(stats) for _, stats in topics) + value(retired))
+
+        def kafka(name: str, documentation: str, value: Callable[[TopicStats], int]) -> Metric:
+            return _topic_counter(name, documentation, per_topic(value), all_topics(value))
 
         def directlog(name: str, documentation: str, by_topic: dict[str, float]) -> Metric:
             family = CounterMetricFamily(name, documentation, labels=["topic"])
@@ -510,84 +692,94 @@ class _TopicCollector(Collector):
         )
 
         prefix = "kafka_server_brokertopicmetrics_"
-        yield _topic_counter(
+        yield kafka(
             prefix + "messagesin",
             "MessagesInPerSec: records producers appended to partitions led here",
-            per_topic(lambda s: s.messages_in),
+            lambda s: s.messages_in,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "bytesin",
             "BytesInPerSec: record batch bytes producers appended to partitions led here "
             "(replication is ReplicationBytesInPerSec)",
-            per_topic(lambda s: s.bytes_in),
+            lambda s: s.bytes_in,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "bytesout",
             "BytesOutPerSec: record bytes sent to consumers (to followers: "
             "ReplicationBytesOutPerSec)",
-            per_topic(lambda s: s.bytes_out),
+            lambda s: s.bytes_out,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "totalproducerequests",
             "TotalProduceRequestsPerSec: partitions of produce requests for partitions led here",
-            per_topic(lambda s: s.produce_requests),
+            lambda s: s.produce_requests,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "failedproducerequests",
             "FailedProduceRequestsPerSec: of those, refused for an unexpected error (not "
             "NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, CORRUPT_MESSAGE and the like)",
-            per_topic(lambda s: s.failed_produce_requests),
+            lambda s: s.failed_produce_requests,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "totalfetchrequests",
             "TotalFetchRequestsPerSec: partitions of fetch requests (consumers' and followers')",
-            per_topic(lambda s: s.fetch_requests),
+            lambda s: s.fetch_requests,
         )
-        yield _topic_counter(
+        yield kafka(
             prefix + "failedfetchrequests",
             "FailedFetchRequestsPerSec: of those, answered with an unexpected error (not "
             "NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, a leader epoch error and the like)",
-            per_topic(lambda s: s.failed_fetch_requests),
+            lambda s: s.failed_fetch_requests,
         )
-        pushed = _by_label(metrics.replication_pushed_bytes)
         replication_out = CounterMetricFamily(
             prefix + "replicationbytesout",
             "ReplicationBytesOutPerSec: record bytes sent to followers (fetches and RDMA "
             "pushes); Kafka has it for all topics only",
         )
-        replication_out.add_metric(
-            [], sum(s.replication_bytes_out for _, s in topics) + sum(pushed.values())
-        )
+        replication_out.add_metric([], all_topics(lambda s: s.replication_bytes_out) + _sum(pushed))
         yield replication_out
         replication_in = CounterMetricFamily(
             prefix + "replicationbytesin",
             "ReplicationBytesInPerSec: record bytes this broker's followers appended from "
             "their fetches; Kafka has it for all topics only",
         )
-        replication_in.add_metric([], sum(_by_label(metrics.replica_pulled_bytes).values()))
+        replication_in.add_metric([], _sum(pulled))
         yield replication_in
 
         # KIP-405 reads (services/broker/tiered/remote_reads.py).
-        read = _by_label(metrics.remote_fetch_requests)
-        failed = _by_label(metrics.remote_fetch_errors)
-        read_bytes = _by_label(metrics.remote_fetch_bytes)
-        remote = read.keys() | failed.keys() | read_bytes.keys()  # 0, not absent, for these
-        yield _topic_counter(
+        remote_topics = {  # 0, not absent, for these
+            t for t in read[0].keys() | failed[0].keys() | read_bytes[0].keys() if exported(t)
+        }
+
+        def remote_counter(
+            name: str, documentation: str, *counted: tuple[dict[str, float], float]
+        ) -> Metric:
+            by_topic = {t: sum(c[0].get(t, 0.0) for c in counted) for t in remote_topics}
+            return _topic_counter(name, documentation, by_topic, sum(map(_sum, counted)))
+
+        yield remote_counter(
             prefix + "remotefetchbytes",
             "RemoteFetchBytesPerSec: record bytes read from the remote store for fetches",
-            {t: read_bytes.get(t, 0.0) for t in remote},
+            read_bytes,
         )
-        yield _topic_counter(
+        yield remote_counter(
             prefix + "remotefetchrequests",
             "RemoteFetchRequestsPerSec: reads from the remote store for fetches, done or failed "
             "(failed offset lookups included)",
-            {t: read.get(t, 0.0) + failed.get(t, 0.0) for t in remote},
+            read,
+            failed,
         )
-        yield _topic_counter(
+        yield remote_counter(
             prefix + "remotefetcherrors",
             "RemoteFetchErrorsPerSec: reads from the remote store that failed",
-            {t: failed.get(t, 0.0) for t in remote},
+            failed,
         )
+
+
+def _sum(counted: tuple[dict[str, float], float]) -> float:
+    """A TopicSeries' total over every topic, the dropped ones' included."""
+    by_topic, retired = counted
+    return sum(by_topic.values()) + retired
 
 
 class _ServerCollector(Collector):
@@ -723,14 +915,18 @@ class _LogCollector(Collector):
         )
         for tp, log in list(self._logs().logs.items()):
             key = [tp.topic, str(tp.partition)]
+            # Offsets from this copy of the segments, not from the log's own list: deleting
+            # the log (its topic deleted) empties that list while this thread reads it.
             segments = log.segments
+            if not segments:
+                continue  # deleted since the dict was copied
             size_bytes = sum(segment.size for segment in segments)
-            log_end, log_start = log.log_end_offset, log.log_start_offset
+            log_end, log_start = segments[-1].next_offset, log.log_start_offset
             end.add_metric(key, log_end)
             start.add_metric(key, log_start)
             hw.add_metric(key, log.high_watermark)
             size.add_metric(key, size_bytes)
-            local_start.add_metric(key, log.local_log_start_offset)
+            local_start.add_metric(key, max(log_start, segments[0].base_offset))
             kafka_size.add_metric(key, size_bytes)
             kafka_start.add_metric(key, log_start)
             kafka_end.add_metric(key, log_end)

@@ -97,14 +97,29 @@ class ReplicaManager:
                 hosted = self.partitions.get(TopicPartition(topic.name, index))
                 if hosted is not None:
                     hosted.log.configure(config)
+        moved: list[TopicPartition] = []
         for topic, info in change.partitions:
             tp = TopicPartition(topic.name, info.partition)
             if self.broker_id in info.replicas:
                 self._host(topic, tp, info)
             elif tp in self.partitions:
                 self._drop(tp, "it was moved to other brokers")
+                moved.append(tp)
         if change.full:
             self._delete_strays()
+        self._forget_metrics(change, moved)
+
+    def _forget_metrics(self, change: ImageChange, moved: list[TopicPartition]) -> None:
+        """Series go with what they describe: a topic's when it is deleted or created (what an
+        older topic of its name counted is not the new one's), or when this broker hosts no
+        replica of it any more, as Kafka's ReplicaManager.maybeRemoveTopicMetrics does; a
+        replica's when it moves away."""
+        gone = {topic.name for topic in (*change.deleted, *change.created)}
+        if moved:
+            hosted = {tp.topic for tp in self.partitions}
+            gone.update(tp.topic for tp in moved if tp.topic not in hosted)
+        if gone or moved:
+            self.metrics.forget(gone, moved)
 
     def _host(self, topic: TopicInfo, tp: TopicPartition, info: PartitionInfo) -> None:
         partition = self.partitions.get(tp)

@@ -120,6 +120,10 @@ class RemoteLogManager:
         self._copying = asyncio.Semaphore(settings.copy_concurrency)
         self._next_deletion_check = 0.0
         self._broker_reachable = True
+        # Topics whose series the metrics keep: hosted by the broker, and deleted with their
+        # remote data still to delete (after a failed try).
+        self._hosted_topics: set[str] = set()
+        self._deleting: set[str] = set()
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -166,12 +170,22 @@ class RemoteLogManager:
     def _follow_hosting(self, hosted: list[tpb.HostedPartition]) -> None:
         """Start on newly hosted partitions; let go of those the broker no longer hosts."""
         current = {TopicPartition(h.topic, h.partition): h for h in hosted}
+        gone = False
+        replaced: set[str] = set()  # deleted and created again: their series start anew
         for tp in list(self.partitions):
             work = self.partitions[tp]
             if tp not in current or current[tp].topic_id != work.hosted.topic_id:
                 work.index.close()
                 del self.partitions[tp]
                 self.metrics.forget(tp.topic, tp.partition)
+                gone = True
+                if tp in current:
+                    replaced.add(tp.topic)
+            elif work.hosted.leader and not current[tp].leader:
+                self.metrics.stopped_leading(tp.topic, tp.partition)
+        self._hosted_topics = {tp.topic for tp in current}
+        if gone:
+            self.metrics.retain(self._hosted_topics - replaced, self._deleting - replaced)
         for tp, partition in current.items():
             known = self.partitions.get(tp)
             if known is None:
@@ -587,6 +601,7 @@ class RemoteLogManager:
             deleted = await self.link.deletions()
         except BrokerUnavailableError:
             return
+        pending: set[str] = set()
         for topic in deleted:
             prefix = layout.topic_prefix(topic.name, uuid.UUID(bytes=topic.topic_id))
             try:
@@ -595,7 +610,11 @@ class RemoteLogManager:
                 log.info("deleted the remote data of deleted topic %s (%s)", topic.name, prefix)
             except (RemoteStorageError, RefusedError, BrokerUnavailableError) as error:
                 self.metrics.delete_errors.labels(topic.name).inc()
+                pending.add(topic.name)
                 log.info("remote data of deleted topic %s not deleted yet: %s", topic.name, error)
+        finished, self._deleting = self._deleting - pending, pending
+        if finished:  # their deletion errors go
+            self.metrics.retain(self._hosted_topics, pending)
 
 
 def _config(hosted: tpb.HostedPartition) -> LogConfig:

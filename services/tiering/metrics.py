@@ -8,13 +8,20 @@ docs/metrics.md), read when Prometheus scrapes. As in Kafka they are per topic (
 the topic's partitions) plus one all-topics series without a topic label, and only what this
 process does as a partition's leader counts: a follower's lag and remote size are in the
 directlog_tiering_* gauges only, so sums over the cluster count each partition once.
+
+Series live as long as what they describe here: a partition's gauges while its broker hosts
+it (`forget`), and, in the Kafka-named ones, while it leads it (`stopped_leading`); a
+topic's counters while its broker hosts a partition of it, as Kafka's
+ReplicaManager.maybeRemoveTopicMetrics keeps them, and its deletion errors while its remote
+data is still being deleted (`retain`). A topic created again under the same name starts from
+zero. The all-topics counters keep what dropped topics had counted, so they never go down.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -111,6 +118,10 @@ class TieringMetrics:
         # Partitions whose gauges were last set as their leader (Kafka's names report those).
         self._leading: set[tuple[str, str]] = set()
         self._leading_lock = threading.Lock()
+        # What the counters of dropped topics had counted, by counter (the all-topics series
+        # keep it), changed and read under the lock so a scrape sees a count once.
+        self._retired: dict[Counter, float] = {}
+        self._lifetime = threading.Lock()
         r.register(_KafkaRemoteCopyCollector(self))
 
     def observe(
@@ -156,8 +167,75 @@ class TieringMetrics:
         with self._leading_lock:
             self._leading.discard((topic, str(partition)))
 
+    def stopped_leading(self, topic: str, partition: int) -> None:
+        """The broker follows a partition it led: the Kafka-named gauges, which describe the
+        partitions led here, leave it out from now on, not from its first round as a
+        follower."""
+        with self._leading_lock:
+            self._leading.discard((topic, str(partition)))
+
+    def retain(self, hosted: Collection[str], deleting: Collection[str] = ()) -> None:
+        """Drop the series of every topic the broker hosts no partition of (`hosted` holds
+        those it does), but the deletion errors of those whose remote data is still being
+        deleted (`deleting`)."""
+
+        def is_hosted(topic: str) -> bool:
+            return topic in hosted
+
+        def is_hosted_or_deleting(topic: str) -> bool:
+            return topic in hosted or topic in deleting
+
+        with self._lifetime:
+            for metric in self._per_topic():
+                keep = is_hosted_or_deleting if metric is self.delete_errors else is_hosted
+                dropped = _drop_children(metric, keep)
+                if dropped:
+                    self._retired[metric] = self._retired.get(metric, 0.0) + dropped
+            for gauge in self._per_partition():
+                _drop_children(gauge, is_hosted)
+        with self._leading_lock:
+            self._leading = {key for key in self._leading if key[0] in hosted}
+
+    def retired(self, counter: Counter) -> float:
+        """What the dropped topics' children of `counter` had counted (under `_lifetime`)."""
+        return self._retired.get(counter, 0.0)
+
+    def _per_topic(self) -> tuple[Counter, ...]:
+        return (
+            self.copied_bytes,
+            self.copied_segments,
+            self.copy_requests,
+            self.copy_errors,
+            self.deleted_segments,
+            self.delete_errors,
+            self.index_syncs,
+        )
+
+    def _per_partition(self) -> tuple[Gauge, ...]:
+        return (
+            self.copy_lag_bytes,
+            self.copy_lag_segments,
+            self.remote_log_size_bytes,
+            self.remote_log_segments,
+            self.remote_log_records,
+        )
+
     def serve(self, host: str, port: int) -> int:
         return serve(self.registry, host, port)
+
+
+def _drop_children(metric: Counter | Gauge, keep: Callable[[str], bool]) -> float:
+    """Remove the children of `metric` whose topic (first label) `keep` does not keep;
+    returns what they held (a counter's totals)."""
+    dropped = 0.0
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_created") or keep(sample.labels["topic"]):
+                continue
+            with contextlib.suppress(KeyError):
+                metric.remove(*sample.labels.values())
+            dropped += sample.value
+    return dropped
 
 
 class _KafkaRemoteCopyCollector(Collector):
@@ -171,6 +249,12 @@ class _KafkaRemoteCopyCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         metrics = self._metrics
+        with metrics._lifetime:
+            counters = self._counters(metrics)
+        yield from counters
+        yield from self._gauges(metrics)
+
+    def _counters(self, metrics: TieringMetrics) -> list[Metric]:
         counters = []
         for name, counter, documentation in (
             (
@@ -195,11 +279,17 @@ class _KafkaRemoteCopyCollector(Collector):
                     if sample.name.endswith("_total"):
                         topic = sample.labels["topic"]
                         by_topic[topic] = by_topic.get(topic, 0.0) + sample.value
-            counters.append((name, documentation, by_topic))
-        copied = {topic for _, _, by_topic in counters for topic in by_topic}
-        for name, documentation, by_topic in counters:  # 0, not absent, for a topic copied to
+            counters.append((name, documentation, by_topic, metrics.retired(counter)))
+        copied = {topic for _, _, by_topic, _ in counters for topic in by_topic}
+        families = []
+        for name, documentation, by_topic, retired in counters:  # 0, not absent, if copied to
             values = {topic: by_topic.get(topic, 0.0) for topic in copied}
-            yield _per_topic(CounterMetricFamily, self.PREFIX + name, documentation, values)
+            families.append(
+                _per_topic(CounterMetricFamily, self.PREFIX + name, documentation, values, retired)
+            )
+        return families
+
+    def _gauges(self, metrics: TieringMetrics) -> Iterator[Metric]:
         leading = metrics.leading()
         for name, gauge, documentation in (
             (
@@ -226,7 +316,7 @@ class _KafkaRemoteCopyCollector(Collector):
                 "led here",
             ),
         ):
-            by_topic = {}
+            by_topic: dict[str, float] = {}
             for family in gauge.collect():
                 for sample in family.samples:
                     labels = sample.labels
@@ -241,11 +331,13 @@ def _per_topic(
     name: str,
     documentation: str,
     by_topic: dict[str, float],
+    retired: float = 0.0,
 ) -> Metric:
-    """A series per topic and Kafka's all-topics one (no topic label): their sum."""
+    """A series per topic and Kafka's all-topics one (no topic label): their sum, with what
+    dropped topics had counted (`retired`)."""
     family = kind(name, documentation, labels=["topic"])
     suffix = "_total" if kind is CounterMetricFamily else ""
-    family.samples.append(Sample(name + suffix, {}, sum(by_topic.values())))
+    family.samples.append(Sample(name + suffix, {}, sum(by_topic.values()) + retired))
     for topic, value in sorted(by_topic.items()):
         family.add_metric([topic], value)
     return family
