@@ -126,6 +126,18 @@ class BrokerMetrics:
                 registry=None,
             )
         )
+        # Read from RdmaProduce's grants when scraped (set_function).
+        self.rdma_grants = Gauge(
+            "directlog_broker_rdma_produce_grants",
+            "Head segments granted to RDMA producers and not yet sealed or revoked, by mode",
+            ["mode"],
+            registry=r,
+        )
+        self.rdma_writers = Gauge(
+            "directlog_broker_rdma_produce_writers",
+            "RDMA producers (writers) connected to this broker's grants",
+            registry=r,
+        )
         self.rdma_revocations = Counter(
             "directlog_broker_rdma_produce_revocations",
             "RDMA produce grants revoked for a fault (a hole, a bad write, a dead writer)",

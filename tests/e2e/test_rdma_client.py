@@ -20,12 +20,13 @@ from confluent_kafka.admin import NewTopic
 from directlog.client import Consumer, Producer, TopicPartition
 from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
 from tests.e2e.broker import BrokerProcess
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, _stop_checked
 
 pytestmark = pytest.mark.timeout(150)
 
 PREALLOCATED = {"preallocate": "true", "segment.bytes": str(1 << 20)}
+GRANTS = "directlog_broker_rdma_produce_grants"
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
@@ -85,8 +86,12 @@ def test_producer_writes_over_rdma_where_confluent_would(
     producer = Producer(config(broker.bootstrap, **settings))
     try:
         reports = clients.produce_all(producer, topic, keyed(600))
+        # A grant of the mode per partition written, each with its writer, while it is open.
+        assert broker.sample(GRANTS, mode=mode) == 3
+        assert broker.sample("directlog_broker_rdma_produce_writers") == 3
     finally:
         producer.close()
+    wait_for(lambda: broker.total(GRANTS) == 0, 30, "grants sealed once the producer left")
     # The same records through confluent-kafka, with the same partitioner, land in the
     # same partitions.
     tcp = clients.producer(broker.bootstrap, {"partitioner": partitioner})

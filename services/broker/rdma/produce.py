@@ -163,6 +163,13 @@ class RdmaProduce:
         self._unbound_timers: dict[int, asyncio.TimerHandle] = {}
         self._next_file_id = 1
         self._tasks: set[asyncio.Task[None]] = set()  # seals started when writers left
+        metrics.rdma_grants.labels("exclusive").set_function(lambda: self._open_grants(False))
+        metrics.rdma_grants.labels("shared").set_function(lambda: self._open_grants(True))
+        metrics.rdma_writers.set_function(lambda: len(self._writers))
+
+    def _open_grants(self, shared: bool) -> int:
+        """Open grants of one mode (read on the metrics server's thread: a copy)."""
+        return sum(g.shared == shared for g in list(self._grants.values()))
 
     @property
     def connect_timeout(self) -> float:
