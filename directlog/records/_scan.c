@@ -24,9 +24,10 @@
  * entry encoder that cost ~3 us per record, here the CRC-32 of each entry (zlib's, the
  * function Python's zlib module exposes) is most of it. It declines like decode_area.
  *
- * record_columns lays the records of many batches out as Arrow columns (offsets,
- * timestamps, keys, values, headers: validity bitmaps, offsets and data buffers), what the
- * Spark data source hands Spark without making a Python object per record. */
+ * record_columns walks the record batches of a fetch answer and lays their records out as
+ * Arrow columns (offsets, timestamps, keys, values, headers: validity bitmaps, offsets and
+ * data buffers), what the Spark data source hands Spark without making a Python object per
+ * record, nor per batch for uncompressed ones. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -55,6 +56,9 @@ enum {
     MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD,
     MAGIC = 2,
     COMPRESSION_MASK = 0x07,
+    LAST_CODEC = 4, /* zstd: ids 5 to 7 name no codec */
+    TIMESTAMP_TYPE_FLAG = 0x08,
+    CONTROL_FLAG = 0x20,
 };
 
 static inline uint64_t load_be(const uint8_t *p, int bytes)
@@ -199,40 +203,65 @@ static int crc_matches(const uint8_t *buf, Py_ssize_t length, uint32_t expected)
     return value < 0 ? -1 : value == expected;
 }
 
+/* The header fields of one batch that the C paths use. */
+typedef struct {
+    Py_ssize_t size; /* of the whole batch */
+    int64_t base_offset, base_timestamp, max_timestamp;
+    int32_t leader_epoch, last_offset_delta, count;
+    int16_t attributes;
+} BatchHeader;
+
+/* The header of the batch at buf[pos:], which must end by `end`, bounded as batch.py's
+ * read_header bounds it (sizes, magic, counts, the codec id; not the CRC): 1 with `header`
+ * filled in when it passes, 0 when not (the Python path then names the fault). */
+static int read_header(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end,
+                       BatchHeader *header)
+{
+    if (end - pos < HEADER_SIZE)
+        return 0;
+    const uint8_t *batch = buf + pos;
+    int32_t batch_length = be32(batch + BATCH_LENGTH_AT);
+    header->attributes = be16(batch + ATTRIBUTES_AT);
+    header->last_offset_delta = be32(batch + LAST_OFFSET_DELTA_AT);
+    header->count = be32(batch + RECORDS_COUNT_AT);
+    if (batch[MAGIC_AT] != MAGIC || batch_length < MIN_BATCH_LENGTH ||
+        (int64_t)batch_length + LOG_OVERHEAD > end - pos || header->count < 0 ||
+        header->last_offset_delta < 0 || (header->attributes & COMPRESSION_MASK) > LAST_CODEC)
+        return 0;
+    header->size = (Py_ssize_t)batch_length + LOG_OVERHEAD;
+    header->base_offset = be64(batch);
+    header->leader_epoch = be32(batch + LEADER_EPOCH_AT);
+    header->base_timestamp = be64(batch + BASE_TIMESTAMP_AT);
+    header->max_timestamp = be64(batch + MAX_TIMESTAMP_AT);
+    return 1;
+}
+
 /* The checks of read_header, verify_crc and scan_records for an uncompressed batch at
  * buf[pos:], which must end by `end`. 1 with the fields filled in when the batch passes,
  * 0 when it does not (or is compressed), -1 with an exception set. */
 static int check_one(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end, int dense,
                      int64_t fields[10])
 {
-    if (end - pos < HEADER_SIZE)
+    BatchHeader header;
+    if (!read_header(buf, pos, end, &header) || (header.attributes & COMPRESSION_MASK) != 0)
         return 0;
     const uint8_t *batch = buf + pos;
-    int32_t batch_length = be32(batch + BATCH_LENGTH_AT);
-    int16_t attributes = be16(batch + ATTRIBUTES_AT);
-    int32_t last_offset_delta = be32(batch + LAST_OFFSET_DELTA_AT);
-    int32_t count = be32(batch + RECORDS_COUNT_AT);
-    if (batch[MAGIC_AT] != MAGIC || batch_length < MIN_BATCH_LENGTH ||
-        (int64_t)batch_length + LOG_OVERHEAD > end - pos || count < 0 ||
-        last_offset_delta < 0 || (attributes & COMPRESSION_MASK) != 0)
-        return 0;
-    Py_ssize_t size = (Py_ssize_t)batch_length + LOG_OVERHEAD;
-    int crc_ok = crc_matches(batch + ATTRIBUTES_AT, size - ATTRIBUTES_AT,
+    int crc_ok = crc_matches(batch + ATTRIBUTES_AT, header.size - ATTRIBUTES_AT,
                              (uint32_t)load_be(batch + CRC_AT, 4));
     if (crc_ok != 1)
         return crc_ok;
     int64_t min_delta, max_delta;
-    if (scan_area(buf, pos + HEADER_SIZE, pos + size, count, dense, 0, &min_delta,
-                  &max_delta) != 0)
+    if (scan_area(buf, pos + HEADER_SIZE, pos + header.size, header.count, dense, 0,
+                  &min_delta, &max_delta) != 0)
         return 0;
-    fields[0] = size;
-    fields[1] = be64(batch);
-    fields[2] = be32(batch + LEADER_EPOCH_AT);
-    fields[3] = attributes;
-    fields[4] = last_offset_delta;
-    fields[5] = be64(batch + BASE_TIMESTAMP_AT);
-    fields[6] = be64(batch + MAX_TIMESTAMP_AT);
-    fields[7] = count;
+    fields[0] = header.size;
+    fields[1] = header.base_offset;
+    fields[2] = header.leader_epoch;
+    fields[3] = header.attributes;
+    fields[4] = header.last_offset_delta;
+    fields[5] = header.base_timestamp;
+    fields[6] = header.max_timestamp;
+    fields[7] = header.count;
     fields[8] = min_delta;
     fields[9] = max_delta;
     return 1;
@@ -653,250 +682,396 @@ done:
 #error "record_columns lays out Arrow buffers for little-endian machines only"
 #endif
 
-/* A growing byte buffer for record_columns. */
+/* One output buffer of record_columns: a bytes object allocated once at a bound of what
+ * it will hold, then shrunk to what was written (a realloc that gives the tail back
+ * without copying), which Arrow wraps as it is. */
 typedef struct {
-    uint8_t *data;
+    PyObject *bytes;
     Py_ssize_t size, capacity;
-} Grow;
+} Out;
 
-static int grow_reserve(Grow *g, Py_ssize_t more)
+static int out_new(Out *out, Py_ssize_t capacity)
 {
-    if (g->size + more <= g->capacity)
-        return 0;
-    Py_ssize_t capacity = g->capacity ? g->capacity : 4096;
-    while (capacity < g->size + more)
-        capacity *= 2;
-    uint8_t *data = PyMem_Realloc(g->data, (size_t)capacity);
-    if (data == NULL) {
-        PyErr_NoMemory();
+    out->bytes = PyBytes_FromStringAndSize(NULL, capacity);
+    out->size = 0;
+    out->capacity = capacity;
+    return out->bytes == NULL ? -1 : 0;
+}
+
+static inline uint8_t *out_data(Out *out) { return (uint8_t *)PyBytes_AS_STRING(out->bytes); }
+
+/* Append `length` bytes. The bounds make an overflow a bug, still checked: a compare per
+ * write is cheap next to the memory it guards. */
+static inline int out_put(Out *out, const void *bytes, Py_ssize_t length)
+{
+    if (length > out->capacity - out->size) {
+        PyErr_SetString(PyExc_SystemError, "record_columns: an output buffer passed its bound");
         return -1;
     }
-    g->data = data;
-    g->capacity = capacity;
+    memcpy(out_data(out) + out->size, bytes, (size_t)length);
+    out->size += length;
     return 0;
 }
 
-static int grow_put(Grow *g, const void *bytes, Py_ssize_t length)
+/* The bytes written, as a new reference; the Out gives it up. */
+static PyObject *out_take(Out *out)
 {
-    if (grow_reserve(g, length) != 0)
-        return -1;
-    if (length > 0)
-        memcpy(g->data + g->size, bytes, (size_t)length);
-    g->size += length;
-    return 0;
+    if (_PyBytes_Resize(&out->bytes, out->size) != 0)
+        return NULL; /* it freed the bytes and set MemoryError */
+    PyObject *bytes = out->bytes;
+    out->bytes = NULL;
+    return bytes;
 }
 
-/* Arrow's validity bitmap: bit i of byte i / 8, least significant first. */
-static int bit_put(Grow *g, Py_ssize_t index, int valid)
-{
-    if (index % 8 == 0 && grow_put(g, "\0", 1) != 0)
-        return -1;
-    if (valid)
-        g->data[index / 8] |= (uint8_t)(1u << (index % 8));
-    return 0;
-}
-
-/* A nullable binary column: validity, int32 offsets (starting at 0), data. */
+/* A nullable binary column: validity bitmap (bit i of byte i / 8, least significant
+ * first), int32 offsets starting at 0, data. */
 typedef struct {
-    Grow valid, offsets, data;
-    Py_ssize_t nulls;
+    Out valid, offsets, data;
+    Py_ssize_t count, nulls;
 } Column;
 
-static int column_put(Column *c, Py_ssize_t index, const uint8_t *bytes, int64_t length)
+static int column_new(Column *column, Py_ssize_t entries, Py_ssize_t data_bytes)
 {
-    if (bit_put(&c->valid, index, length >= 0) != 0)
+    if (out_new(&column->valid, (entries + 7) / 8) != 0 ||
+        out_new(&column->offsets, 4 * (entries + 1)) != 0 ||
+        out_new(&column->data, data_bytes) != 0)
         return -1;
-    if (length < 0)
-        c->nulls++;
-    else if (grow_put(&c->data, bytes, (Py_ssize_t)length) != 0)
-        return -1;
-    if (c->data.size > INT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "record_columns: over 2 GiB in one column");
-        return -1;
-    }
-    int32_t end = (int32_t)c->data.size;
-    return grow_put(&c->offsets, &end, 4);
-}
-
-static int column_offsets_start(Column *c)
-{
     int32_t zero = 0;
-    return grow_put(&c->offsets, &zero, 4);
+    return out_put(&column->offsets, &zero, 4);
 }
 
-static void column_free(Column *c)
+/* Append one entry, null for length -1. The data fits in int32 offsets: record_columns
+ * refuses more than 2 GiB of records up front. */
+static int column_put(Column *column, const uint8_t *bytes, int64_t length)
 {
-    PyMem_Free(c->valid.data);
-    PyMem_Free(c->offsets.data);
-    PyMem_Free(c->data.data);
+    if (length >= 0 && out_put(&column->data, bytes, (Py_ssize_t)length) != 0)
+        return -1;
+    int32_t end = (int32_t)column->data.size;
+    if (out_put(&column->offsets, &end, 4) != 0)
+        return -1; /* so `count` stays below the bitmap's bound */
+    Py_ssize_t index = column->count++;
+    uint8_t *valid = out_data(&column->valid) + index / 8;
+    if (index % 8 == 0)
+        *valid = 0; /* each bitmap byte is cleared as it is reached, not all up front */
+    if (length >= 0)
+        *valid |= (uint8_t)(1u << (index % 8));
+    else
+        column->nulls++;
+    return 0;
 }
 
-static PyObject *grow_bytes(Grow *g)
+/* (valid, offsets, data, null count), the column's buffers given up. */
+static PyObject *column_take(Column *column)
 {
-    return PyBytes_FromStringAndSize((const char *)g->data, g->size);
+    column->valid.size = (column->count + 7) / 8;
+    return Py_BuildValue("(NNNn)", out_take(&column->valid), out_take(&column->offsets),
+                         out_take(&column->data), column->nulls);
 }
 
-static void grow_free(Grow *g) { PyMem_Free(g->data); }
+static void column_free(Column *column)
+{
+    Py_CLEAR(column->valid.bytes);
+    Py_CLEAR(column->offsets.bytes);
+    Py_CLEAR(column->data.bytes);
+}
 
-/* record_columns(areas, lower, upper, headers) -> (rows, offsets, timestamps, types,
- * (key valid, key offsets, key data, key nulls), (value ...), headers or None) or None.
- * `areas`: (buffer, count, base_offset, base_timestamp, fixed_timestamp or None,
- * timestamp_type) per batch, the buffer holding its (decompressed) records. Records with
- * offsets in [lower, upper) become rows: offsets int64, timestamps int64 microseconds,
- * types int32, keys and values nullable binary columns, and, when `headers`, a list column
- * as (list offsets, (name valid, name offsets, name data, nulls), (value ...)). None when a
- * record does not decode (batch.decode_records then says why). */
+/* What record_columns lays out: a row per record, and with headers a list column of
+ * (name, value) entries. */
+typedef struct {
+    Out offsets, timestamps, types, header_bounds;
+    Column keys, values, names, header_values;
+    Py_ssize_t rows;
+    int with_headers;
+} Columns;
+
+/* Buffers for at most `rows` rows taking at most `bytes` bytes of records areas: keys,
+ * values, header names and header values each fit in the areas, and every header entry
+ * takes at least 2 bytes of them (its two lengths). */
+static int columns_new(Columns *columns, Py_ssize_t rows, Py_ssize_t bytes)
+{
+    if (out_new(&columns->offsets, 8 * rows) != 0 ||
+        out_new(&columns->timestamps, 8 * rows) != 0 ||
+        out_new(&columns->types, 4 * rows) != 0 ||
+        column_new(&columns->keys, rows, bytes) != 0 ||
+        column_new(&columns->values, rows, bytes) != 0)
+        return -1;
+    if (!columns->with_headers)
+        return 0;
+    if (out_new(&columns->header_bounds, 4 * (rows + 1)) != 0 ||
+        column_new(&columns->names, bytes / 2, bytes) != 0 ||
+        column_new(&columns->header_values, bytes / 2, bytes) != 0)
+        return -1;
+    int32_t zero = 0;
+    return out_put(&columns->header_bounds, &zero, 4);
+}
+
+static void columns_free(Columns *columns)
+{
+    Py_CLEAR(columns->offsets.bytes);
+    Py_CLEAR(columns->timestamps.bytes);
+    Py_CLEAR(columns->types.bytes);
+    Py_CLEAR(columns->header_bounds.bytes);
+    column_free(&columns->keys);
+    column_free(&columns->values);
+    column_free(&columns->names);
+    column_free(&columns->header_values);
+}
+
+/* (rows, offsets, timestamps, types, keys, values, headers or None): see record_columns. */
+static PyObject *columns_take(Columns *columns)
+{
+    PyObject *headers = Py_None;
+    if (columns->with_headers)
+        headers = Py_BuildValue("(NNN)", out_take(&columns->header_bounds),
+                                column_take(&columns->names),
+                                column_take(&columns->header_values));
+    else
+        Py_INCREF(Py_None);
+    if (headers == NULL)
+        return NULL;
+    return Py_BuildValue("(nNNNNNN)", columns->rows, out_take(&columns->offsets),
+                         out_take(&columns->timestamps), out_take(&columns->types),
+                         column_take(&columns->keys), column_take(&columns->values), headers);
+}
+
+enum { TAKEN = 0, DECLINED = 1, FAILED = -1 };
+
+/* Two's complement addition: a corrupt or absurd record's offset or timestamp wraps (as
+ * it always has here) rather than failing the read. */
+static inline int64_t wrapping_add(int64_t a, int64_t b)
+{
+    return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+
+/* Lay out the `count` records filling area[0:end] of the batch `header` whose offsets lie
+ * in [lower, upper): TAKEN, DECLINED when a record does not decode (batch.decode_records
+ * then says why), or FAILED with an exception set. Under LogAppendTime every record takes
+ * the batch's max timestamp, as Kafka defines. */
+static int put_area(Columns *columns, const uint8_t *buf, Py_ssize_t end,
+                    const BatchHeader *header, int64_t lower, int64_t upper)
+{
+    int32_t timestamp_type = (header->attributes & TIMESTAMP_TYPE_FLAG) != 0;
+    Py_ssize_t pos = 0;
+    for (int32_t index = 0; index < header->count; index++) {
+        int64_t length, ts_delta, offset_delta, key_length, value_length, header_count;
+        if (read_varint(buf, &pos, end, VARINT_MAX, &length) != 0 || length < 6 ||
+            length > end - pos)
+            return DECLINED;
+        Py_ssize_t record_end = pos + (Py_ssize_t)length;
+        pos += 1; /* attributes */
+        if (read_varint(buf, &pos, record_end, VARLONG_MAX, &ts_delta) != 0 ||
+            read_varint(buf, &pos, record_end, VARINT_MAX, &offset_delta) != 0 ||
+            read_varint(buf, &pos, record_end, VARINT_MAX, &key_length) != 0 ||
+            key_length < -1 || key_length > record_end - pos)
+            return DECLINED;
+        Py_ssize_t key_at = pos;
+        pos += key_length > 0 ? (Py_ssize_t)key_length : 0;
+        if (read_varint(buf, &pos, record_end, VARINT_MAX, &value_length) != 0 ||
+            value_length < -1 || value_length > record_end - pos)
+            return DECLINED;
+        Py_ssize_t value_at = pos;
+        pos += value_length > 0 ? (Py_ssize_t)value_length : 0;
+        if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_count) != 0 ||
+            header_count < 0 || header_count > record_end - pos)
+            return DECLINED;
+        int64_t offset = wrapping_add(header->base_offset, offset_delta);
+        int keep = offset >= lower && offset < upper;
+        for (int64_t h = 0; h < header_count; h++) {
+            int64_t name_length, header_length;
+            if (read_varint(buf, &pos, record_end, VARINT_MAX, &name_length) != 0 ||
+                name_length < 0 || name_length > record_end - pos)
+                return DECLINED;
+            Py_ssize_t name_at = pos;
+            pos += (Py_ssize_t)name_length;
+            if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_length) != 0 ||
+                header_length < -1 || header_length > record_end - pos)
+                return DECLINED;
+            Py_ssize_t header_at = pos;
+            pos += header_length > 0 ? (Py_ssize_t)header_length : 0;
+            if (keep && columns->with_headers &&
+                (column_put(&columns->names, buf + name_at, name_length) != 0 ||
+                 column_put(&columns->header_values, buf + header_at, header_length) != 0))
+                return FAILED;
+        }
+        if (pos != record_end)
+            return DECLINED;
+        if (!keep)
+            continue;
+        int64_t timestamp = timestamp_type ? header->max_timestamp
+                                           : wrapping_add(header->base_timestamp, ts_delta);
+        int64_t micros = (int64_t)((uint64_t)timestamp * 1000u);
+        int32_t header_end = (int32_t)columns->names.count;
+        if (out_put(&columns->offsets, &offset, 8) != 0 ||
+            out_put(&columns->timestamps, &micros, 8) != 0 ||
+            out_put(&columns->types, &timestamp_type, 4) != 0 ||
+            column_put(&columns->keys, buf + key_at, key_length) != 0 ||
+            column_put(&columns->values, buf + value_at, value_length) != 0 ||
+            (columns->with_headers && out_put(&columns->header_bounds, &header_end, 4) != 0))
+            return FAILED;
+        columns->rows++;
+    }
+    return pos == end ? TAKEN : DECLINED;
+}
+
+/* A walk over the whole batches of a fetched records blob, as fetch._columns walked them
+ * in Python: a trailing partial batch (what a fetch answer may end with) ends it, and so
+ * does the first batch whose next offset reaches `upper`. */
+typedef struct {
+    const uint8_t *buf;
+    Py_ssize_t pos, end;
+    int64_t upper;
+    int64_t next; /* the offset to fetch after the batches walked so far */
+    int done;
+} Walk;
+
+/* The next batch with records to take (neither a control batch nor empty): 1 with its
+ * header and position, 0 at the walk's end, -1 for a header that does not pass. */
+static int walk_next(Walk *walk, BatchHeader *header, Py_ssize_t *at)
+{
+    while (!walk->done && walk->end - walk->pos >= LOG_OVERHEAD) {
+        Py_ssize_t pos = walk->pos;
+        int64_t size = (int64_t)be32(walk->buf + pos + BATCH_LENGTH_AT) + LOG_OVERHEAD;
+        if (size > walk->end - pos && size >= HEADER_SIZE)
+            return 0;
+        if (!read_header(walk->buf, pos, walk->end, header))
+            return -1;
+        int64_t batch_next;
+        if (__builtin_add_overflow(header->base_offset, (int64_t)header->last_offset_delta + 1,
+                                   &batch_next))
+            batch_next = INT64_MAX; /* a corrupt header: past any end */
+        if (batch_next > walk->next)
+            walk->next = batch_next;
+        walk->pos += header->size;
+        walk->done = batch_next >= walk->upper;
+        if (!(header->attributes & CONTROL_FLAG) && header->count > 0) {
+            *at = pos;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The records area of the batch at `at` into `area`: its bytes in the blob, or, compressed,
+ * its inflated records from `inflated` ({position: buffer}). 1 with `area` to release,
+ * 0 when `inflated` lacks it, -1 with an exception set. */
+static int get_area(Py_buffer *blob, PyObject *inflated, Py_ssize_t at,
+                    const BatchHeader *header, Py_buffer *area)
+{
+    if ((header->attributes & COMPRESSION_MASK) == 0)
+        return PyBuffer_FillInfo(area, NULL, (uint8_t *)blob->buf + at + HEADER_SIZE,
+                                 header->size - HEADER_SIZE, 1, PyBUF_SIMPLE) == 0 ? 1 : -1;
+    PyObject *key = PyLong_FromSsize_t(at);
+    if (key == NULL)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(inflated, key);
+    Py_DECREF(key);
+    if (found == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return PyObject_GetBuffer(found, area, PyBUF_SIMPLE) == 0 ? 1 : -1;
+}
+
+/* record_columns(records, lower, upper, headers, inflated) -> (next_offset, columns or
+ * None), a list of positions, or None.
+ *
+ * `records` holds whole record batches (a fetch answer's, which may end with a partial
+ * one). Walking them as fetch._columns did (see Walk; control and empty batches are
+ * skipped), the records with offsets in [lower, upper) become rows: offsets int64,
+ * timestamps int64 microseconds, types int32, keys and values nullable binary columns as
+ * (valid, offsets, data, null count), and, when `headers`, a list column as (list offsets,
+ * names, values). Columns is (rows, offsets, timestamps, types, keys, values, headers or
+ * None), or None when no record is in range; next_offset is the offset to fetch next.
+ *
+ * Compressed batches need the Python codecs: their inflated records come in `inflated`,
+ * {batch position: buffer}. A list is the positions of those the walk needs and
+ * `inflated` lacks: call again with them. None when a header or record does not pass
+ * (batch.read_header and decode_records then say why).
+ *
+ * A first walk over the headers bounds the rows (the batches' record counts) and the
+ * bytes (their areas'), so each output buffer is allocated once; a second lays out. */
 static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "record_columns takes 4 arguments");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "record_columns takes 5 arguments");
         return NULL;
     }
-    PyObject *areas = args[0];
     int64_t lower = PyLong_AsLongLong(args[1]), upper = PyLong_AsLongLong(args[2]);
     int with_headers = PyObject_IsTrue(args[3]);
     if (PyErr_Occurred() || with_headers < 0)
         return NULL;
-    if (!PyList_Check(areas)) {
-        PyErr_SetString(PyExc_TypeError, "record_columns: areas must be a list");
+    PyObject *inflated = args[4];
+    if (!PyDict_Check(inflated)) {
+        PyErr_SetString(PyExc_TypeError, "record_columns: inflated must be a dict");
         return NULL;
     }
-    Grow offsets = {0}, timestamps = {0}, types = {0}, header_offsets = {0};
-    Column keys = {{0}}, values = {{0}}, names = {{0}}, header_values = {{0}};
-    Py_ssize_t rows = 0, header_rows = 0;
-    int declined = 0;
-    if (column_offsets_start(&keys) || column_offsets_start(&values) ||
-        column_offsets_start(&names) || column_offsets_start(&header_values))
-        goto failed;
-    int32_t zero = 0;
-    if (with_headers && grow_put(&header_offsets, &zero, 4) != 0)
-        goto failed;
-    for (Py_ssize_t a = 0; a < PyList_GET_SIZE(areas) && !declined; a++) {
-        PyObject *item = PyList_GET_ITEM(areas, a);
-        PyObject *buffer, *fixed_object;
-        long long count, base_offset, base_timestamp;
-        int timestamp_type;
-        if (!PyArg_ParseTuple(item, "OLLLOi", &buffer, &count, &base_offset, &base_timestamp,
-                              &fixed_object, &timestamp_type))
-            goto failed;
-        int64_t fixed = 0;
-        if (fixed_object != Py_None && (fixed = PyLong_AsLongLong(fixed_object)) == -1 &&
-            PyErr_Occurred())
-            goto failed;
-        Py_buffer view;
-        if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) != 0)
-            goto failed;
-        const uint8_t *buf = view.buf;
-        Py_ssize_t pos = 0, end = view.len;
-        for (long long index = 0; index < count; index++) {
-            int64_t length, ts_delta, offset_delta, key_length, value_length, header_count;
-            if (read_varint(buf, &pos, end, VARINT_MAX, &length) != 0 || length < 6 ||
-                length > end - pos) {
-                declined = 1;
-                break;
-            }
-            Py_ssize_t record_end = pos + (Py_ssize_t)length;
-            pos += 1; /* attributes */
-            if (read_varint(buf, &pos, record_end, VARLONG_MAX, &ts_delta) != 0 ||
-                read_varint(buf, &pos, record_end, VARINT_MAX, &offset_delta) != 0 ||
-                read_varint(buf, &pos, record_end, VARINT_MAX, &key_length) != 0 ||
-                key_length < -1 || key_length > record_end - pos) {
-                declined = 1;
-                break;
-            }
-            Py_ssize_t key_at = pos;
-            pos += key_length > 0 ? (Py_ssize_t)key_length : 0;
-            if (read_varint(buf, &pos, record_end, VARINT_MAX, &value_length) != 0 ||
-                value_length < -1 || value_length > record_end - pos) {
-                declined = 1;
-                break;
-            }
-            Py_ssize_t value_at = pos;
-            pos += value_length > 0 ? (Py_ssize_t)value_length : 0;
-            if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_count) != 0 ||
-                header_count < 0 || header_count > record_end - pos) {
-                declined = 1;
-                break;
-            }
-            int64_t offset = base_offset + offset_delta;
-            int keep = offset >= lower && offset < upper;
-            for (int64_t h = 0; h < header_count; h++) {
-                int64_t name_length, header_length;
-                if (read_varint(buf, &pos, record_end, VARINT_MAX, &name_length) != 0 ||
-                    name_length < 0 || name_length > record_end - pos) {
-                    declined = 1;
-                    break;
-                }
-                Py_ssize_t name_at = pos;
-                pos += (Py_ssize_t)name_length;
-                if (read_varint(buf, &pos, record_end, VARINT_MAX, &header_length) != 0 ||
-                    header_length < -1 || header_length > record_end - pos) {
-                    declined = 1;
-                    break;
-                }
-                Py_ssize_t header_at = pos;
-                pos += header_length > 0 ? (Py_ssize_t)header_length : 0;
-                if (keep && with_headers) {
-                    if (column_put(&names, header_rows, buf + name_at, name_length) != 0 ||
-                        column_put(&header_values, header_rows, buf + header_at,
-                                   header_length) != 0) {
-                        PyBuffer_Release(&view);
-                        goto failed;
-                    }
-                    header_rows++;
-                }
-            }
-            if (declined || pos != record_end) {
-                declined = 1;
-                break;
-            }
-            if (!keep)
-                continue;
-            int64_t timestamp = fixed_object != Py_None ? fixed : base_timestamp + ts_delta;
-            int64_t micros = timestamp * 1000;
-            int32_t header_end = (int32_t)header_rows;
-            if (grow_put(&offsets, &offset, 8) != 0 || grow_put(&timestamps, &micros, 8) != 0 ||
-                grow_put(&types, &timestamp_type, 4) != 0 ||
-                column_put(&keys, rows, buf + key_at, key_length) != 0 ||
-                column_put(&values, rows, buf + value_at, value_length) != 0 ||
-                (with_headers && grow_put(&header_offsets, &header_end, 4) != 0)) {
-                PyBuffer_Release(&view);
-                goto failed;
-            }
-            rows++;
+    Py_buffer blob;
+    if (PyObject_GetBuffer(args[0], &blob, PyBUF_SIMPLE) != 0)
+        return NULL;
+    PyObject *result = NULL, *missing = NULL;
+    Columns columns = {.with_headers = with_headers};
+    Walk walk = {.buf = blob.buf, .end = blob.len, .upper = upper, .next = lower};
+    BatchHeader header;
+    Py_buffer area;
+    Py_ssize_t at, rows = 0, bytes = 0;
+    int found;
+    while ((found = walk_next(&walk, &header, &at)) == 1) {
+        rows += header.count;
+        int got = get_area(&blob, inflated, at, &header, &area);
+        if (got == 1) {
+            bytes += area.len;
+            PyBuffer_Release(&area);
+            continue;
         }
-        if (!declined && pos != end)
-            declined = 1;
-        PyBuffer_Release(&view);
+        PyObject *position = got == 0 ? PyLong_FromSsize_t(at) : NULL;
+        if (position == NULL || (missing == NULL && (missing = PyList_New(0)) == NULL) ||
+            PyList_Append(missing, position) != 0) {
+            Py_XDECREF(position);
+            goto done;
+        }
+        Py_DECREF(position);
     }
-    PyObject *result;
-    if (declined) {
+    if (found < 0) {
         result = Py_NewRef(Py_None);
-    } else {
-        PyObject *header_part = Py_None;
-        if (with_headers)
-            header_part = Py_BuildValue(
-                "(N(NNNn)(NNNn))", grow_bytes(&header_offsets), grow_bytes(&names.valid),
-                grow_bytes(&names.offsets), grow_bytes(&names.data), names.nulls,
-                grow_bytes(&header_values.valid), grow_bytes(&header_values.offsets),
-                grow_bytes(&header_values.data), header_values.nulls);
-        else
-            Py_INCREF(Py_None);
-        if (header_part == NULL)
-            goto failed;
-        result = Py_BuildValue(
-            "(nNNN(NNNn)(NNNn)N)", rows, grow_bytes(&offsets), grow_bytes(&timestamps),
-            grow_bytes(&types), grow_bytes(&keys.valid), grow_bytes(&keys.offsets),
-            grow_bytes(&keys.data), keys.nulls, grow_bytes(&values.valid),
-            grow_bytes(&values.offsets), grow_bytes(&values.data), values.nulls, header_part);
+        goto done;
     }
-    grow_free(&offsets), grow_free(&timestamps), grow_free(&types), grow_free(&header_offsets);
-    column_free(&keys), column_free(&values), column_free(&names), column_free(&header_values);
+    if (missing != NULL) {
+        result = Py_NewRef(missing);
+        goto done;
+    }
+    if (bytes > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "record_columns: over 2 GiB of records");
+        goto done;
+    }
+    if (rows == 0) {
+        result = Py_BuildValue("(LO)", (long long)walk.next, Py_None);
+        goto done;
+    }
+    if (columns_new(&columns, rows, bytes) != 0)
+        goto done;
+    int64_t next = walk.next;
+    walk = (Walk){.buf = blob.buf, .end = blob.len, .upper = upper, .next = lower};
+    int taken = TAKEN;
+    while (taken == TAKEN && walk_next(&walk, &header, &at) == 1) {
+        if (get_area(&blob, inflated, at, &header, &area) != 1) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_SystemError, "record_columns: a batch went missing");
+            goto done;
+        }
+        taken = put_area(&columns, area.buf, area.len, &header, lower, upper);
+        PyBuffer_Release(&area);
+    }
+    if (taken == FAILED)
+        goto done;
+    if (taken == DECLINED)
+        result = Py_NewRef(Py_None);
+    else if (columns.rows == 0)
+        result = Py_BuildValue("(LO)", (long long)next, Py_None);
+    else
+        result = Py_BuildValue("(LN)", (long long)next, columns_take(&columns));
+done:
+    Py_XDECREF(missing);
+    columns_free(&columns);
+    PyBuffer_Release(&blob);
     return result;
-failed:
-    grow_free(&offsets), grow_free(&timestamps), grow_free(&types), grow_free(&header_offsets);
-    column_free(&keys), column_free(&values), column_free(&names), column_free(&header_values);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -917,8 +1092,9 @@ static PyMethodDef methods[] = {
      "legacy_size(buffer, pos, end, count, magic) -> bytes of the uncompressed legacy "
      "entries, or None when the records do not decode"},
     {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,
-     "record_columns(areas, lower, upper, headers) -> Arrow column buffers of the records "
-     "with offsets in [lower, upper), or None when a record does not decode"},
+     "record_columns(records, lower, upper, headers, inflated) -> (next_offset, Arrow "
+     "column buffers of the records with offsets in [lower, upper) or None), the positions "
+     "of compressed batches to inflate, or None when a batch does not decode"},
     {NULL, NULL, 0, NULL},
 };
 

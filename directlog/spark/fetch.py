@@ -21,16 +21,15 @@ from directlog.client.common import RdmaConfig, leader_address
 from directlog.protocol import replica_fetch
 from directlog.protocol.errors import ErrorCode
 from directlog.records._scan import record_columns
-from directlog.records.batch import (
-    TimestampType,
-    decode_records,
-    iter_batches,
-    records_area,
-)
+from directlog.records.batch import decode_records, iter_batches, read_header, records_area
+from directlog.records.varint import Buffer
 from directlog.spark.offsets import OffsetRange, metadata_client
 from directlog.spark.options import ReadOptions
 
 FETCH_BYTES = 8 << 20  # one answer, at most
+# An answer holds at least one whole batch, however large; past this a length prefix is
+# taken for garbage (librdkafka's receive.message.max.bytes default).
+MAX_ANSWER = 100_000_000
 MAX_DECOMPRESSED = 64 << 20
 WAIT_MS = 500
 ATTEMPTS = 10  # leader changes and the like, each after a back-off
@@ -156,36 +155,29 @@ def _columns(
     read: RangeRead, records: memoryview, offset: int
 ) -> tuple[pa.RecordBatch | None, int]:
     """The rows of the whole batches in `records` from `offset` up to read.end, and the
-    offset to fetch next."""
-    areas = []
-    next_offset = offset
-    for position, header in iter_batches(records):
-        next_offset = max(next_offset, header.next_offset)
-        if header.is_control or not header.records_count:
-            continue
-        log_append = header.timestamp_type is TimestampType.LOG_APPEND_TIME
-        area = records_area(records, position, header, MAX_DECOMPRESSED)
-        fixed = header.max_timestamp if log_append else None
-        areas.append(
-            (
-                area,
-                header.records_count,
-                header.base_offset,
-                header.base_timestamp,
-                fixed,
-                int(log_append),
-            )
-        )
-        if header.next_offset >= read.end:
-            break
-    if not areas:
-        return None, next_offset
-    columns = record_columns(areas, offset, read.end, read.include_headers)
-    if columns is None:  # not decodable in C: let the Python decoder name the fault
+    offset to fetch next.
+
+    C walks the batches (record_columns); compressed ones need the Python codecs, so C
+    names those it met and takes their records inflated on a second call."""
+    found = record_columns(records, offset, read.end, read.include_headers, {})
+    if isinstance(found, list):
+        inflated = _inflate(records, found)
+        found = record_columns(records, offset, read.end, read.include_headers, inflated)
+        assert not isinstance(found, list), "record_columns had every batch it named"
+    if found is None:  # not decodable in C: let the Python decoder name the fault
         for position, header in iter_batches(records):
             decode_records(records, position, header, MAX_DECOMPRESSED)
         raise RuntimeError(f"{read.topic}-{read.partition}: records at {offset} do not decode")
-    return _record_batch(read, columns), next_offset
+    next_offset, columns = found
+    return (None if columns is None else _record_batch(read, columns)), next_offset
+
+
+def _inflate(records: memoryview, positions: list[int]) -> dict[int, Buffer]:
+    """The decompressed records of the batches at `positions`, for record_columns."""
+    return {
+        position: records_area(records, position, read_header(records, position), MAX_DECOMPRESSED)
+        for position in positions
+    }
 
 
 def _record_batch(read: RangeRead, columns: tuple) -> pa.RecordBatch:  # type: ignore[type-arg]
@@ -239,6 +231,7 @@ class _Leader:
         finally:
             metadata.close()
         self._socket = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        self._buffer = bytearray()  # _receive's, reused from answer to answer
 
     def __enter__(self) -> _Leader:
         return self
@@ -255,18 +248,30 @@ class _Leader:
         )
         self._socket.sendall(frame)
         size = int.from_bytes(self._receive(4), "big")
-        _, code, partitions = replica_fetch.decode_response(memoryview(self._receive(size)))
+        if size > MAX_ANSWER:
+            raise RuntimeError(
+                f"{self.read.topic}-{self.read.partition}: an answer of {size} bytes (at most "
+                f"{MAX_ANSWER}): not a Fetch response"
+            )
+        _, code, partitions = replica_fetch.decode_response(self._receive(size))
         if code != ErrorCode.NONE or len(partitions) != 1:
             raise _Retry(f"fetch answered {code}")
         return partitions[0]
 
-    def _receive(self, size: int) -> bytearray:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
+    def _receive(self, size: int) -> memoryview:
+        """The next `size` bytes, in the connection's one receive buffer (a new zero-filled
+        bytearray per answer, up to 8 MiB, was a cost of its own). The view holds until the
+        next call: nothing made of an answer outlives it, as record_columns copies the
+        records into new buffers for Arrow."""
+        if size > len(self._buffer):
+            # A new buffer, views of the old stay valid; an eighth more, so that answers
+            # growing by a few bytes do not each allocate.
+            self._buffer = bytearray(size + size // 8)
+        view = memoryview(self._buffer)[:size]
         filled = 0
         while filled < size:
             received = self._socket.recv_into(view[filled:])
             if not received:
                 raise ConnectionError("the leader closed the connection mid-answer")
             filled += received
-        return buffer
+        return view

@@ -1,19 +1,25 @@
 """Where a read starts and ends, resolved on the driver from the brokers (Metadata and
-ListOffsets through confluent-kafka), as Spark's Kafka connector resolves its options; and
-the offset ranges a batch read splits into tasks (minPartitions)."""
+ListOffsets through confluent-kafka's AdminClient), as Spark's Kafka connector resolves its
+options; and the offset ranges a batch read splits into tasks (minPartitions)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from directlog.spark.options import EARLIEST, LATEST, Bound, OptionError, Subscription
 
 TIMEOUT = 30.0
 INTERNAL = "__consumer_offsets"
+# What ListOffsets asks for (shared instances in confluent-kafka, whose getters are untyped).
+EARLIEST_OFFSET: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+LATEST_OFFSET: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 Partition = tuple[str, int]
 
@@ -37,13 +43,22 @@ def metadata_client(client: dict[str, str]) -> Consumer:
 
 
 class Brokers:
-    """The driver's view of the cluster, over one confluent-kafka client."""
+    """The driver's view of the cluster, over one confluent-kafka AdminClient. Offsets are
+    asked of all the partitions at once, one ListOffsets request to each leader (as Spark's
+    Kafka connector asks its Admin): a streaming query asks on every poll for new records,
+    every 10 ms or so while idle."""
 
     def __init__(self, client: dict[str, str]) -> None:
-        self._consumer = metadata_client(client)
+        self._admin: AdminClient | None = AdminClient({**client})
 
     def close(self) -> None:
-        self._consumer.close()
+        """An AdminClient has no close(): its last reference going ends it."""
+        self._admin = None
+
+    @property
+    def _client(self) -> AdminClient:
+        assert self._admin is not None, "Brokers used after close()"
+        return self._admin
 
     def __enter__(self) -> Brokers:
         return self
@@ -54,7 +69,7 @@ class Brokers:
     def partitions(self, subscription: Subscription) -> list[Partition]:
         """The partitions the subscription reads now; a topic or partition it names that
         does not exist is an OptionError."""
-        topics = self._consumer.list_topics(timeout=TIMEOUT).topics
+        topics = self._client.list_topics(timeout=TIMEOUT).topics
         if subscription.pattern is not None:
             # Spark's rule: the pattern is found anywhere in the name.
             names = [t for t in topics if t != INTERNAL and subscription.pattern.search(t)]
@@ -73,20 +88,30 @@ class Brokers:
         return found
 
     def watermarks(self, partitions: list[Partition]) -> dict[Partition, tuple[int, int]]:
-        """(log start, high watermark) of each partition."""
-        return {
-            (t, p): self._consumer.get_watermark_offsets(TopicPartition(t, p), timeout=TIMEOUT)
-            for t, p in partitions
-        }
+        """(log start, high watermark) of each partition: both requests go out together."""
+        starts = self._ask({tp: EARLIEST_OFFSET for tp in partitions})
+        ends = self._ask({tp: LATEST_OFFSET for tp in partitions})
+        return {tp: (_offset(starts[tp]), _offset(ends[tp])) for tp in partitions}
+
+    def log_starts(self, partitions: list[Partition]) -> dict[Partition, int]:
+        return _offsets(self._ask({tp: EARLIEST_OFFSET for tp in partitions}))
+
+    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+        return _offsets(self._ask({tp: LATEST_OFFSET for tp in partitions}))
 
     def offsets_for_times(self, wanted: dict[Partition, int]) -> dict[Partition, int]:
         """The first offset at or after each timestamp (ms); -1 where none is."""
-        if not wanted:
+        return _offsets(self._ask({tp: OffsetSpec.for_timestamp(ts) for tp, ts in wanted.items()}))
+
+    def _ask(self, specs: dict[Partition, OffsetSpec]) -> dict[Partition, Future[Any]]:
+        """One ListOffsets request to each leader of the partitions in `specs`."""
+        if not specs:
             return {}
-        answers = self._consumer.offsets_for_times(
-            [TopicPartition(t, p, ts) for (t, p), ts in wanted.items()], timeout=TIMEOUT
+        futures = self._client.list_offsets(
+            {TopicPartition(t, p): spec for (t, p), spec in specs.items()},
+            request_timeout=TIMEOUT,
         )
-        return {(a.topic, a.partition): a.offset for a in answers}
+        return {(tp.topic, tp.partition): future for tp, future in futures.items()}
 
     def resolve(
         self,
@@ -186,6 +211,15 @@ def split(
         bounds = [r.start + r.size * i // parts for i in range(parts + 1)]
         out += [OffsetRange(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds)]
     return out
+
+
+def _offset(answer: Future[Any]) -> int:
+    """The offset of a ListOffsets answer (its request timeout bounds the wait)."""
+    return int(answer.result().offset)
+
+
+def _offsets(answers: dict[Partition, Future[Any]]) -> dict[Partition, int]:
+    return {tp: _offset(answer) for tp, answer in answers.items()}
 
 
 def _covering(

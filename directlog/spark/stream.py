@@ -61,15 +61,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         partitions = self._brokers.partitions(self.options.subscription)
-        self._target = {tp: high for tp, (_, high) in self._brokers.watermarks(partitions).items()}
+        self._target = self._brokers.high_watermarks(partitions)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         """Where the next micro-batch ends: every partition's high watermark (partitions
         new since `start` begin at their earliest offset), within the read limit, and not
         before minOffsetsPerTrigger records are there or maxTriggerDelay has passed."""
         begin = self._with_new_partitions(_decode(start))
-        marks = self._brokers.watermarks(list(begin))
-        end = {tp: max(begin[tp], high) for tp, (_, high) in marks.items()}
+        highs = self._brokers.high_watermarks(list(begin))
+        end = {tp: max(begin[tp], high) for tp, high in highs.items()}
         if self._target is not None:
             end = {tp: min(o, self._target.get(tp, begin[tp])) for tp, o in end.items()}
         available = sum(end[tp] - begin[tp] for tp in end)
@@ -89,11 +89,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         they were read fail the query with failOnDataLoss, and are skipped without."""
         begin = self._with_new_partitions(_decode(start))
         finish = _decode(end)
-        marks = self._brokers.watermarks(list(finish))
+        starts = self._brokers.log_starts(list(finish))
         ranges = []
         for tp, last in finish.items():
-            first = begin.get(tp, marks[tp][0])
-            low = marks[tp][0]
+            low = starts[tp]
+            first = begin.get(tp, low)
             if first < low:
                 if self.options.fail_on_data_loss:
                     raise DataLossError(
@@ -127,8 +127,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         new = [tp for tp in partitions if tp not in offsets]
         if not new:
             return offsets
-        marks = self._brokers.watermarks(new)
-        return {**offsets, **{tp: marks[tp][0] for tp in new}}
+        return {**offsets, **self._brokers.log_starts(new)}
 
 
 def _rate_limited(

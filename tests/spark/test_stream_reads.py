@@ -2,7 +2,8 @@
 maxOffsetsPerTrigger under Trigger.AvailableNow, a query restarted from its checkpoint
 neither losing nor repeating a record, a partition added while the query runs, the default
 start at the latest offsets, and failOnDataLoss when DeleteRecords removed unread offsets.
-Each query collects its micro-batches on the driver (foreachBatch)."""
+Each query collects its micro-batches on the driver (foreachBatch). And what an idle
+query's polls cost the broker, counted by its request metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from directlog.spark.options import read_options
+from directlog.spark.stream import StreamReader
 
 pytestmark = pytest.mark.timeout(240)
 TIMEOUT = 120
@@ -113,3 +118,34 @@ def test_deleted_unread_offsets_fail_the_query_or_are_skipped(
     with pytest.raises(StreamingQueryException, match="were deleted"):
         run(spark, bootstrap, topic, checkpoint)
     assert run(spark, bootstrap, topic, checkpoint, failOnDataLoss="false") == [list(range(30, 40))]
+
+
+def test_a_poll_asks_for_all_partitions_in_one_request(module_broker, clients, topic_name):
+    """Spark asks an idle query for new offsets every 10 ms or so: each ask costs one
+    Metadata and one ListOffsets request for all the partitions, as in Spark's connector."""
+    bootstrap = module_broker.bootstrap
+    topic = topic_name("polls")
+    clients.create_topic(bootstrap, topic, 4)
+    produce(bootstrap, topic, range(8), 4)
+    polls = 5
+    reader = StreamReader(
+        read_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
+    )
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: {str(p): 2 for p in range(4)}}
+        reader.latestOffset(start, ReadAllAvailable())  # the client's connections made
+        before = {api: _requests(module_broker, api) for api in ("metadata", "list_offsets")}
+        for _ in range(polls):
+            assert reader.latestOffset(start, ReadAllAvailable()) == start
+        after = {api: _requests(module_broker, api) for api in before}
+    finally:
+        reader.stop()
+    assert {api: after[api] - before[api] for api in after} == {
+        "metadata": polls,
+        "list_offsets": polls,
+    }
+
+
+def _requests(broker: Any, api: str) -> float:
+    return float(broker.total("directlog_broker_requests_total", api=api))
