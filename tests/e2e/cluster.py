@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka.admin import AdminClient
 
@@ -30,6 +30,7 @@ from tests.e2e.netns import MemberNetworks
 from tests.e2e.tiering import TieringProcess
 from tests.ports import free_port
 
+T = TypeVar("T")
 BROKER_SESSION_MS = 2000
 FAST_BROKER = {
     "heartbeat_interval_ms": 250,
@@ -199,3 +200,16 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
+
+
+def eventually(check: Callable[[], T], what: str, timeout: float, interval: float = 0.25) -> T:
+    """`check()`'s result once it stops failing an assertion; its last failure after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError as error:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}, after {timeout} s: {error}") from error
+        time.sleep(interval)

@@ -222,3 +222,16 @@ class Ensemble:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll `condition` until it returns something truthy, and return that; on timeout
+    the last value goes into the failure message."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s: {what} (last: {value!r})")

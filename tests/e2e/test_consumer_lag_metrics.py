@@ -22,7 +22,6 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException
@@ -30,7 +29,7 @@ from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from directlog.protocol.errors import ErrorCode
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import Cluster, eventually, wait_for
 from tests.e2e.conftest import Clients
 from tests.e2e.records import raw_request
 
@@ -38,7 +37,6 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.metadata import FindCoordinatorRequest
 
-T = TypeVar("T")
 OFFSETS_TOPIC = "__consumer_offsets"
 PARTITIONS = 6
 PRODUCED = {p: 10 + 3 * p for p in range(PARTITIONS)}  # records per partition
@@ -127,19 +125,6 @@ def exporters(series: Series, prefix: str = "kafka_", **labels: str) -> set[int]
         if name.startswith(prefix) and all((k, v) in key for k, v in labels.items())
         for broker, _ in where
     }
-
-
-def eventually(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """`check()`'s result once it stops failing an assertion; its last failure after
-    `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError as error:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}, after {timeout} s: {error}") from error
-        time.sleep(0.25)
 
 
 # The cluster ---------------------------------------------------------------------------------
@@ -303,7 +288,7 @@ def test_each_series_once_with_the_exporters_values_until_deleted(
         }
         assert exporters(series, consumergroup=odd) == {coordinator(cluster, odd)}
 
-    eventually(everything_right, "every series once, with the exporter's values")
+    eventually(everything_right, "every series once, with the exporter's values", DEADLINE)
 
     # A deleted topic: its series go, from the topic and from the groups that consumed it.
     admin = clients.admin(cluster.bootstrap)
@@ -315,7 +300,7 @@ def test_each_series_once_with_the_exporters_values_until_deleted(
         assert exporters(series, topic=doomed) == set()  # the topic's series and the groups'
         check_group(series, odd, topic, {0: 2}, PRODUCED)
 
-    eventually(topic_gone, f"no series of the deleted topic {doomed}")
+    eventually(topic_gone, f"no series of the deleted topic {doomed}", DEADLINE)
 
     # A deleted group: once its member left, DeleteGroups removes it, and its series.
     member.close()
@@ -327,7 +312,7 @@ def test_each_series_once_with_the_exporters_values_until_deleted(
         except KafkaException as error:
             raise AssertionError(f"DeleteGroups: {error}") from error
 
-    eventually(delete_group, f"group {group} deleted")
+    eventually(delete_group, f"group {group} deleted", DEADLINE)
 
     def group_gone() -> None:
         series = scrape(cluster)
@@ -336,7 +321,7 @@ def test_each_series_once_with_the_exporters_values_until_deleted(
         check_group(series, odd, topic, {0: 2}, PRODUCED)
         check_topic(cluster, series, topic, PRODUCED)
 
-    eventually(group_gone, f"no series of the deleted group {group}")
+    eventually(group_gone, f"no series of the deleted group {group}", DEADLINE)
 
 
 @pytest.mark.timeout(300)
@@ -362,7 +347,7 @@ def test_lag_follows_the_coordinator_when_it_moves(
 
     first = coordinator(cluster, group)
     assert first in cluster.brokers
-    eventually(lambda: exported_by(first), f"group {group} exported by broker {first}")
+    eventually(lambda: exported_by(first), f"group {group} exported by broker {first}", DEADLINE)
     # Every replica holds the commits before the coordinator goes.
     wait_for(lambda: fully_replicated(cluster, OFFSETS_TOPIC), DEADLINE, "offsets in sync")
 
@@ -380,11 +365,13 @@ def test_lag_follows_the_coordinator_when_it_moves(
         exported_by(successor, in_sync=2)  # the killed broker is out of every ISR
         return successor
 
-    successor = eventually(moved, f"group {group} exported by the successor of {first}")
+    successor = eventually(moved, f"group {group} exported by the successor of {first}", DEADLINE)
 
     # Back, the killed broker leads its preferred partitions again, __consumer_offsets' too:
     # it exports the group, and the broker that stood in (still running) no longer does.
     cluster.brokers[first].start()
-    eventually(lambda: exported_by(first), f"group {group} exported by broker {first} again")
+    eventually(
+        lambda: exported_by(first), f"group {group} exported by broker {first} again", DEADLINE
+    )
     assert cluster.brokers[successor].running
     member.close()

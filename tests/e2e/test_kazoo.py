@@ -61,7 +61,7 @@ from kazoo.security import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.consensus.fourletter import ask
-from tests.e2e.ensemble import Ensemble
+from tests.e2e.ensemble import Ensemble, wait_until
 from tests.e2e.service_process import REPO_ROOT
 from tests.e2e.zk_raw import (
     CREATE,
@@ -79,17 +79,6 @@ from tests.e2e.zk_raw import (
 pytestmark = pytest.mark.timeout(90)
 
 WAIT = 20.0  # bound of every wait for something the ensemble must do
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    """Poll `condition` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 # -- fixtures ---------------------------------------------------------------------------

@@ -16,12 +16,10 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -35,24 +33,11 @@ from tests.consensus.test_zk_metric_names import (
     SERVER_GAUGES,
     SUMMARIES,
 )
-from tests.e2e.ensemble import Ensemble
+from tests.e2e.ensemble import Ensemble, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 WAIT = 30.0  # bound of every wait for something the ensemble must do
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    """Poll ``condition`` until it returns something truthy, and return that; on timeout
-    the last value goes into the failure message."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what} (last: {value!r})")
 
 
 class Scrape:

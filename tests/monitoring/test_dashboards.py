@@ -24,13 +24,14 @@ import math
 import re
 import time
 import urllib.error
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from tests.e2e.cluster import eventually
 from tests.e2e.service_process import REPO_ROOT
 from tests.monitoring.conftest import LAGGED, LAGGED_GROUP, NAMESPACE, RATE_WINDOW, Monitored
 from tests.monitoring.prometheus import Prometheus
@@ -52,8 +53,6 @@ REGEX_SPECIAL = re.compile(r"[$^*{}\[\]'+?.()|\\]")
 LABEL_VALUES = re.compile(r"^label_values\((?:(.+),\s*)?([a-zA-Z_][a-zA-Z0-9_]*)\)\s*$", re.S)
 QUERY_RESULT = re.compile(r"^query_result\((.+)\)\s*$", re.S)
 VARIABLE_REF = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
-
-T = TypeVar("T")
 
 
 # The dashboards' JSON -----------------------------------------------------------------------
@@ -261,19 +260,6 @@ def check_queries(
                 pytrace=False,
             )
         time.sleep(RETRY_PAUSE)
-
-
-def eventually(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    """`check()`'s result once it stops failing an assertion; its last failure after
-    `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError as error:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}, after {timeout} s: {error}") from error
-        time.sleep(1.0)
 
 
 # The dashboards as Grafana reads them (no cluster) -------------------------------------------
@@ -494,7 +480,7 @@ def test_bytes_in_per_topic_are_the_bytes_the_partitions_hold(monitored: Monitor
         )
         assert by_label(found, "topic") == {LAGGED: produced}
 
-    eventually(counted, "bytes and messages in")
+    eventually(counted, "bytes and messages in", 60.0, interval=1.0)
     # The dashboard's rate of it: the topic gets nothing more, so 0, and a series.
     board = load(DASHBOARD_DIR / "directlog-cluster.json")
     values = chosen(prometheus, board, topic=LAGGED)
@@ -527,7 +513,7 @@ def test_consumer_lag_is_what_the_group_has_not_committed(monitored: Monitored) 
         }
         assert list(run("Partitions without a commit").values()) == [0.0]
 
-    eventually(shown, f"{LAGGED_GROUP}'s lag")
+    eventually(shown, f"{LAGGED_GROUP}'s lag", 60.0, interval=1.0)
     # The Kafka Exporter dashboard's lag panel agrees.
     exporter = THIRD_PARTY[1]
     (lag_panel,) = [p for p in exporter.panels if p.title.startswith("Lag by")]
