@@ -56,6 +56,7 @@ BURST_EVERY = 5.0
 REPLICATIONS = (1, 3)
 DATAPATHS = ("tcp", "rdma")
 SLOT_WRITES = "directlog_broker_rdma_consume_slot_writes_total"
+REQUESTS = "directlog_broker_requests_total"
 PAPER_RATIO = 3.3
 
 
@@ -106,14 +107,21 @@ def slot_writes(cluster: Cluster, settings: JobSettings) -> float:
     )
 
 
+def requests(cluster: Cluster, api: str) -> float:
+    """Requests of one API the brokers answered (rdma_consume: RDMA consumers' segment
+    grants and releases; fetch: TCP fetches, the job's and the run's own read-back)."""
+    return sum(broker.total(REQUESTS, api=api) for broker in cluster.brokers.values())
+
+
 def one_run(
     spark: Any, cluster: Cluster, settings: JobSettings, workload: Workload, seconds: float
-) -> RunResult:
+) -> tuple[RunResult, dict[str, float]]:
     """One pipeline run from the topics' ends, checked: every event read, over RDMA when
-    the settings ask for it."""
+    the settings ask for it; and the requests of each kind the brokers answered meanwhile."""
     producer = make_producer(cluster.bootstrap)
     checkpoint = tempfile.mkdtemp(prefix="bench-traffic-")
     writes = slot_writes(cluster, settings)
+    before = {api: requests(cluster, api) for api in ("fetch", "rdma_consume", "list_offsets")}
     try:
         result = run(
             spark, replace(settings, checkpoint=checkpoint), plan(workload, seconds), producer
@@ -125,7 +133,7 @@ def one_run(
         raise BenchError(f"the job read {len(result.delays)} of {result.published.events} events")
     if settings.rdma_consume and slot_writes(cluster, settings) <= writes:
         raise BenchError("an rdma.consume run moved no RDMA consume slot: it read over TCP")
-    return result
+    return result, {api: requests(cluster, api) - n for api, n in before.items()}
 
 
 def run_all(sizes: Sizes) -> dict[str, Any]:
@@ -156,7 +164,9 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
                             order = DATAPATHS if round_ % 2 == 0 else DATAPATHS[::-1]
                             for datapath in order:
                                 job = replace(base[rf], rdma_consume=datapath == "rdma")
-                                result = one_run(spark, cluster, job, workload, sizes.seconds)
+                                result, answered = one_run(
+                                    spark, cluster, job, workload, sizes.seconds
+                                )
                                 key = (str(workload), rf, datapath)
                                 delays.setdefault(key, []).extend(result.delays)
                                 figures = summary(result.delays)
@@ -169,14 +179,15 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
                                         "events": result.published.events,
                                         "behind_ms": round(result.published.behind_ms, 1),
                                         "micro_batches": result.micro_batches,
+                                        "requests": answered,
                                         "delay_ms": figures,
                                     }
                                 )
                                 print(
                                     f"round {round_} {workload:>8} rf{rf} {datapath:>4}: "
                                     f"{result.published.events} events, "
-                                    f"{result.micro_batches} micro-batches, delay ms "
-                                    + _text(figures),
+                                    f"{result.micro_batches} micro-batches, requests "
+                                    f"{answered}, delay ms " + _text(figures),
                                     flush=True,
                                 )
             finally:
