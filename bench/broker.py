@@ -102,11 +102,18 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import cpu_seconds, free_ports, keep_freed_heap, log_tail, pin, stop
+from bench.processes import (
+    cpu_seconds,
+    free_ports,
+    keep_freed_heap,
+    log_tail,
+    pin,
+    save_results,
+    stop,
+)
 from tests.e2e.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 TARGETS = ("ours", "tansu", "limits")
 BROKER_FIGURES = (
     "produce_batch1_msgs",
@@ -838,9 +845,7 @@ def main(argv: list[str] | None = None) -> None:
         if placement is None
         else {"client_cpus": sorted(placement.client), "server_cpus": sorted(placement.server)},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "broker.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    save_results("broker", result)
 
 
 @contextmanager

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import queue
@@ -90,12 +89,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.processes import CLOCK_TICKS, STOP_SECONDS, cpu_seconds, free_ports, log_tail, stop
+from bench.processes import (
+    CLOCK_TICKS,
+    STOP_SECONDS,
+    cpu_seconds,
+    free_ports,
+    log_tail,
+    save_results,
+    stop,
+)
 from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
 from services.consensus.fourletter import mode_of
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 TARGETS = ("zookeeper", "ours")
 MEMBERS = 3
 VALUE = b"v" * 100
@@ -695,9 +701,7 @@ def main(argv: list[str] | None = None) -> None:
             "value_bytes": len(VALUE),
         },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "consensus.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    save_results("consensus", result)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,6 @@ it is met; the same JSON is written to bench/results/down_conversion.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import socket
@@ -85,11 +84,9 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import cpu_seconds, keep_freed_heap, print_goals
+from bench.processes import cpu_seconds, keep_freed_heap, print_goals, save_results
 from services.broker.down_conversion import convert_batches
 from tests.e2e.cluster import Cluster, wait_for
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 VALUE_BYTES = 1024
 LEGACY_ENTRY_BYTES = 12 + 22 + VALUE_BYTES  # offset, size; crc, magic, attributes, ts, key, value
@@ -954,9 +951,7 @@ def main(argv: list[str] | None = None) -> None:
     sweep = not args.quick if args.chunk_sizes is None else args.chunk_sizes
     figures = run(sizes, sweep)
     report(figures)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "down_conversion.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures))
+    save_results("down_conversion", figures)
 
 
 if __name__ == "__main__":

@@ -35,22 +35,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 from typing import Any
 
 import uvloop
 
+from bench.processes import save_results
 from services.consensus.peers import PeerNetwork
 from services.consensus.zab.messages import Ack, Message, Proposal
 from services.consensus.zab.state import LogEntry
 from services.consensus.zab.wire import FrameDecoder, encode
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = ("peers_uvloop", "peers_asyncio", "grpc_asyncio")
 HOST = "127.0.0.1"
 LEADER, FOLLOWER = 1, 2
@@ -325,9 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         "errors": errors,
         "config": {"messages": count, "rounds": rounds, "window": args.window, "payload": PAYLOAD},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "peer_transport.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    save_results("peer_transport", result)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import socket
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 STOP_SECONDS = 5.0
+RESULTS = Path(__file__).resolve().parent / "results"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
@@ -86,3 +88,11 @@ def print_goals(goals: dict[str, dict[str, Any]]) -> None:
     for goal, entry in goals.items():
         verdict = "met" if entry["met"] else "NOT met"
         print(f"goal {goal}: {entry['value']} ({entry['goal']}): {verdict}")
+
+
+def save_results(name: str, figures: dict[str, Any], line: Any = None) -> None:
+    """Write a bench's figures to bench/results/<name>.json and print one JSON line of
+    them (or of `line`), the output's last."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures if line is None else line))

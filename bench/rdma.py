@@ -107,7 +107,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import math
 import os
 import statistics
@@ -124,14 +123,13 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from bench import rdma_consume
 from bench.broker import BenchError, delete_topic, produce, wait_for_topic
-from bench.processes import keep_freed_heap
+from bench.processes import keep_freed_heap, save_results
 from bench.rdma_consume import TIME_LIMIT, WARMUP, EmptyChecks, Target
 from directlog.client.rdma_produce import Produced, RdmaProducer
 from directlog.records.batch import Record, build_batch
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROVIDER = "shm"
 BROKER_SETTINGS = {
     "heartbeat_interval_ms": 1000,
@@ -966,9 +964,7 @@ def main(argv: list[str] | None = None) -> None:
         "counts": {**vars(counts), "rounds": rounds, "warmup": WARMUP},
         "errors": errors,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rdma.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(headline))
+    save_results("rdma", result, headline)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from bench.processes import save_results
 from directlog.rdma import Access, CompletionQueue, QpCaps, open_context
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REGION = 8 << 20
 CHUNK = 64 << 10
 IN_FLIGHT = 32
@@ -168,9 +167,7 @@ def main() -> None:
     for key, value in result.items():
         if isinstance(value, float):
             print(f"{key}: {value:.3f}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rdma_verbs.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    save_results("rdma_verbs", result)
 
 
 if __name__ == "__main__":

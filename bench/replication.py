@@ -21,7 +21,6 @@ closes with one JSON line; the same JSON goes to bench/results/replication.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -31,9 +30,9 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from bench.processes import save_results
 from tests.e2e.cluster import Cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {"100B": 100, "32KiB": 32 * 1024}
 PRODUCTION_TIMEOUTS = {"heartbeat_interval_ms": 1000, "replica_lag_time_max_ms": 30000}
 
@@ -154,9 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     messages = args.messages or (20_000 if args.quick else 100_000)
     figures = run(messages, 200 if args.quick else 1000, rounds)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "replication.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures))
+    save_results("replication", figures)
 
 
 if __name__ == "__main__":

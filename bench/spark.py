@@ -84,12 +84,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.down_conversion import broker_source
-from bench.processes import CLOCK_TICKS, keep_freed_heap, print_goals
+from bench.processes import CLOCK_TICKS, keep_freed_heap, print_goals, save_results
 from directlog.spark import DirectlogSource
 from directlog.spark.fetch import RangeRead, read_range
 from tests.e2e.cluster import Cluster, wait_for
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 TOPIC = "reads"
 PARTITIONS = 4
@@ -821,9 +819,7 @@ def main(argv: list[str] | None = None) -> None:
         sizes = Sizes(sizes.records, args.rounds)
     figures = run(sizes)
     report(figures)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "spark.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures))
+    save_results("spark", figures)
 
 
 if __name__ == "__main__":

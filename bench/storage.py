@@ -17,7 +17,6 @@ bench/results/storage.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -25,11 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.processes import save_results
 from directlog.records.batch import Record, build_batch
 from services.broker.storage import LogConfig, PartitionLog
 from services.broker.storage.log_file import reserve_blocks
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # (name, batch bytes, records per batch): 1 KiB of ten ~100 B records, 32 KiB of 1 KiB records.
 SHAPES = [("1KiB", 1024, 10), ("32KiB", 32 * 1024, 32)]
 POOL = 64  # distinct prebuilt batches, cycled, so no two consecutive appends are identical
@@ -181,9 +180,7 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "storage.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps({"bench": "storage", **figures}))
+    save_results("storage", figures, {"bench": "storage", **figures})
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ The output closes with one JSON line; the same JSON goes to bench/results/tierin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -51,14 +50,13 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.processes import keep_freed_heap
+from bench.processes import keep_freed_heap, save_results
 from bench.replication import throughput
 from directlog.remote.index import RemoteIndex
 from directlog.remote.store import RemoteStore, StoreConfig
 from tests.e2e.cluster import Cluster, wait_for
 from tests.s3_server import S3Server
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TIERING = {"interval_ms": 200, "follower_sync_interval_ms": 500}
 VALUE_BYTES = 32 * 1024
 CATCH_UP_FETCH_BYTES = 8 << 20
@@ -464,9 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         args.read_mb or (256 if args.quick else 1024),
         args.samples or (500 if args.quick else 2000),
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tiering.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures))
+    save_results("tiering", figures)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ bench/results/traffic_delays.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -39,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.processes import print_goals
+from bench.processes import print_goals, save_results
 from pipelines.traffic.__main__ import RunResult, run
 from pipelines.traffic.delays import Delay, summary
 from pipelines.traffic.events import Plan, Workload, events_in
@@ -48,7 +47,6 @@ from pipelines.traffic.sensors import close_producer, make_producer, wall_ms
 from pipelines.traffic.topics import ensure_topics
 from tests.e2e.cluster import Cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BROKERS = 3
 PARTITIONS = 2
 RATE = 400.0  # events a second, both topics (the paper's)
@@ -270,9 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         sizes = Sizes(sizes.seconds, args.rounds)
     figures = run_all(sizes)
     report(figures)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "traffic_delays.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures))
+    save_results("traffic_delays", figures)
 
 
 if __name__ == "__main__":
