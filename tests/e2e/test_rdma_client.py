@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(150)
 
 PREALLOCATED = {"preallocate": "true", "segment.bytes": str(1 << 20)}
 GRANTS = "directlog_broker_rdma_produce_grants"
+REVOCATIONS = "directlog_broker_rdma_produce_revocations_total"
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
@@ -83,6 +84,7 @@ def test_producer_writes_over_rdma_where_confluent_would(
     for name in (topic, reference):
         clients.create_topic(broker.bootstrap, name, partitions=3, config=PREALLOCATED)
     settings = {"rdma.produce": mode, "rdma.provider": provider, "partitioner": partitioner}
+    revocations = broker.sample(REVOCATIONS)
     producer = Producer(config(broker.bootstrap, **settings))
     try:
         reports = clients.produce_all(producer, topic, keyed(600))
@@ -92,6 +94,9 @@ def test_producer_writes_over_rdma_where_confluent_would(
     finally:
         producer.close()
     wait_for(lambda: broker.total(GRANTS) == 0, 30, "grants sealed once the producer left")
+    # A producer that closes is no fault: nothing revoked, nothing warned about.
+    assert broker.sample(REVOCATIONS) == revocations
+    assert "WARNING services.broker.rdma.produce" not in broker.stderr_text()
     # The same records through confluent-kafka, with the same partitioner, land in the
     # same partitions.
     tcp = clients.producer(broker.bootstrap, {"partitioner": partitioner})

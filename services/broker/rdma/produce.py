@@ -43,6 +43,7 @@ from directlog.rdma import (
     QpCaps,
     QueuePair,
     RdmaError,
+    WcStatus,
     WorkCompletion,
 )
 from directlog.records.varint import Buffer
@@ -371,6 +372,9 @@ class RdmaProduce:
             ):
                 self._drop_qp(wc.qp_num, "told its error")
             return
+        if wc.status is WcStatus.WR_FLUSH_ERR:  # its queue pair closed: the writer left
+            self._drop_qp(wc.qp_num, "its writer left", fault=False)
+            return
         if not wc.ok:
             self._drop_qp(wc.qp_num, f"queue pair failed: {wc.status.name}")
             return
@@ -595,13 +599,18 @@ class RdmaProduce:
         code: int | None,
         culprit: Writer | None = None,
         culprit_code: int | None = None,
+        fault: bool = True,
     ) -> None:
         """End ``grant`` for a fault: its writers hear ``code`` (``culprit``, whose write
-        caused it, hears ``culprit_code``) and stop; produces waiting in it go again."""
+        caused it, hears ``culprit_code``) and stop; produces waiting in it go again.
+        Without `fault` (an exclusive grant whose writer just left) the same, but neither
+        counted as a revocation nor logged as a warning."""
         if not grant.open:
             return
-        self.metrics.rdma_revocations.inc()
-        self._close(grant, f"revoked: {reason}", warn=True)
+        if fault:
+            self.metrics.rdma_revocations.inc()
+        why = f"revoked: {reason}" if fault else f"ended: {reason}"
+        self._close(grant, why, revoked=True, warn=fault)
         for writer in list(grant.writers):
             told = culprit_code if writer is culprit else code
             if told is None or told == ErrorCode.NONE:
@@ -612,10 +621,11 @@ class RdmaProduce:
             else:
                 self._fail_writer(writer, told, reason)
 
-    def _close(self, grant: Grant, why: str, warn: bool = False) -> None:
+    def _close(self, grant: Grant, why: str, revoked: bool = False, warn: bool = False) -> None:
         """No write lands in ``grant`` after this: deregister it, zero what was not
         committed, and let produces waiting in it go again (a sealed grant's writers stay
-        connected to hear about their overflowed reservations)."""
+        connected to hear about their overflowed reservations; a revoked one's do not).
+        Logged as a warning with `warn`."""
         grant.closed.set_result(None)
         if self._grants.get(grant.partition.tp) is grant:
             del self._grants[grant.partition.tp]
@@ -631,9 +641,9 @@ class RdmaProduce:
         self._zero_uncommitted(grant)
         pending, grant.pending = grant.pending, {}
         for order, arrival in pending.items():
-            if arrival.writer is None or (arrival.length == 0 and not warn):
+            if arrival.writer is None or (arrival.length == 0 and not revoked):
                 self._answer(arrival, order, None)  # produces go again; overflows are fine
-            elif not warn:
+            elif not revoked:
                 self._fail_writer(arrival.writer, ErrorCode.INVALID_REQUEST, "wrote past a seal")
         (log.warning if warn else log.info)(
             "%s: RDMA grant at position %d of segment %d %s (%d bytes committed)",
@@ -663,9 +673,11 @@ class RdmaProduce:
         if writer.qp is None:
             self._writer_gone(writer, "no queue pair used it in time")
 
-    def _writer_gone(self, writer: Writer, reason: str = "") -> None:
-        """Forget a writer; an exclusive grant ends with it, a shared one is sealed once
-        its last writer left (a dead writer's reservation is then a hole)."""
+    def _writer_gone(self, writer: Writer, reason: str = "", fault: bool = True) -> None:
+        """Forget a writer; an exclusive grant ends with it (revoked when `fault`: a bad
+        write, no queue pair in time; else closed, as when the writer just went away), a
+        shared one is sealed once its last writer left (a dead writer's reservation is then
+        a hole)."""
         if self._writers.get(writer.file_id) is not writer:
             return
         del self._writers[writer.file_id]
@@ -683,20 +695,20 @@ class RdmaProduce:
         if not reason:
             return
         if not grant.shared:
-            self._revoke(grant, reason, None)
+            self._revoke(grant, reason, None, fault=fault)
         elif not grant.writers:
             task = self._loop.create_task(self._seal(grant))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _drop_qp(self, qp_num: int, reason: str) -> None:
+    def _drop_qp(self, qp_num: int, reason: str, fault: bool = True) -> None:
         qp = self._qps.pop(qp_num, None)
         timer = self._unbound_timers.pop(qp_num, None)
         if timer is not None:
             timer.cancel()
         writer = self._bound.pop(qp_num, None)
         if writer is not None:
-            self._writer_gone(writer, reason)
+            self._writer_gone(writer, reason, fault)
         if qp is not None:
             qp.close()
 
