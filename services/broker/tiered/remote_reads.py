@@ -9,9 +9,12 @@ entry promises. The answer is the bytes a local read of the same log would give:
 batches from the one holding the offset, at most max bytes but at least one.
 
 A fetch waits for its read at most remote.fetch.max.wait.ms, then answers without it; the
-read goes on, and the client's next fetch of that offset takes its result. After each read
-the next range is read ahead, so a consumer catching up finds it waiting. Reads never run
-on the event loop, so other consumers are not held up by one in progress.
+read goes on, and the client's next fetch of that offset takes its result. A read covers
+whole index entries within the fetch's max bytes (the first at least), so where it ends is
+known from the remote index alone: after each read the next READ_AHEAD_RANGES ranges are
+read ahead, several in flight, so a consumer catching up finds them waiting and the store
+is never idle between two fetches. Reads never run on the event loop, so other consumers
+are not held up by one in progress.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 STALE_SECONDS = 30.0  # a finished read no fetch took is dropped after this long
 READ_AHEAD_MAX_BYTES = 8 << 20
+READ_AHEAD_RANGES = 2  # ranges read ahead of a catching-up consumer, each its next fetch's
 
 
 class RemoteDataCorruptError(CorruptRecordError):
@@ -142,13 +146,21 @@ class RemoteReader:
     def _read_ahead(
         self, tp: TopicPartition, partition_log: PartitionLog, offset: int, max_bytes: int
     ) -> None:
-        """Start reading the next range if it is remote too and the pool has room."""
-        if (
-            offset < partition_log.local_log_start_offset
-            and (tp, offset) not in self._pending
-            and len(self._pending) < self._max_pending // 2
-        ):
-            self._start(tp, partition_log, offset, min(max_bytes, READ_AHEAD_MAX_BYTES))
+        """Start reading the next READ_AHEAD_RANGES ranges from `offset` that are remote
+        too, while the pool has room."""
+        max_bytes = min(max_bytes, READ_AHEAD_MAX_BYTES)
+        for _ in range(READ_AHEAD_RANGES):
+            if (
+                offset >= partition_log.local_log_start_offset
+                or len(self._pending) >= self._max_pending // 2
+            ):
+                return
+            if (tp, offset) not in self._pending:
+                self._start(tp, partition_log, offset, max_bytes)
+            try:
+                offset = _entries(partition_log, offset, max_bytes)[-1].last_offset + 1
+            except KafkaError:  # not in the remote indexes (yet): its fetch will say so
+                return
 
     def _drop_stale(self) -> None:
         now = time.monotonic()
@@ -259,6 +271,14 @@ def _entries(partition_log: PartitionLog, offset: int, max_bytes: int) -> list[I
             ErrorCode.KAFKA_STORAGE_ERROR,
             f"{partition_log.directory.name}: offset {offset} is not in the remote indexes yet",
         )
+    # Whole entries within max_bytes (the first in any case): an answer then ends where an
+    # entry does, and the next fetch starts a read of its own rather than reading that
+    # entry's end again.
+    covered = entries[0].data_length
+    for count, entry in enumerate(entries[1:], 1):
+        covered += entry.data_length
+        if covered > max_bytes:
+            return entries[:count]
     return entries
 
 
