@@ -1,12 +1,14 @@
 """Scrapes while processes start and stop (issue 25, bad input): a scraper polls the
 /metrics of a broker, a controller and a tiering service without pause while each is
-stopped and started again under produce load. A scrape may fail to connect while its
-process is down, but every answer that comes is valid exposition text for both of
-Prometheus' parsers (its classic text format and OpenMetrics, which Prometheus asks for
-first), and no process logs a traceback."""
+stopped and started again under produce load. A scrape may fail while its process is down
+or going down (refused, or cut off before its whole answer: Prometheus counts both as a
+failed scrape), but every whole answer is valid exposition text for both of Prometheus'
+parsers (its classic text format and OpenMetrics, which Prometheus asks for first), and no
+process logs a traceback."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.error
 import urllib.request
@@ -32,7 +34,7 @@ class Scraper:
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.answers = 0
-        self.refused = 0
+        self.refused = 0  # refused, or cut off before the whole answer
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
@@ -55,11 +57,19 @@ class Scraper:
         request = urllib.request.Request(url, headers={"Accept": accept})
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
-                text = answer.read().decode()
+                body = answer.read()
                 kind = answer.headers.get("Content-Type", "")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+                length = answer.headers.get("Content-Length")
+        except urllib.error.HTTPError as error:  # an answer, but not the metrics
+            self.failures.append(f"{url}: HTTP {error.code}")
+            return
+        except (urllib.error.URLError, http.client.HTTPException, OSError):
             self.refused += 1  # the process is down, or not listening yet
             return
+        if not kind or length is None or len(body) != int(length):
+            self.refused += 1  # the process went away in the middle of its answer
+            return
+        text = body.decode()
         try:
             if kind.startswith("application/openmetrics-text"):
                 families = list(openmetrics_families(text))
