@@ -12,6 +12,7 @@ with the test process if it dies first.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from kazoo.client import KazooClient
 
 from services.consensus.fourletter import ask
 from tests.e2e.service_process import REPO_ROOT, _terminate_with_parent
@@ -235,3 +237,25 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -
             return value
         time.sleep(0.02)
     raise AssertionError(f"not within {timeout} s: {what} (last: {value!r})")
+
+
+class KazooClients:
+    """Starts KazooClients (on `hosts` unless told others) and stops every one of them,
+    closing its session, when the test ends (`close`)."""
+
+    def __init__(self, hosts: str, start_timeout: float = 30.0) -> None:
+        self.hosts = hosts
+        self.start_timeout = start_timeout
+        self.made: list[KazooClient] = []
+
+    def __call__(self, hosts: str | None = None, **kwargs: Any) -> KazooClient:
+        client = KazooClient(hosts=hosts or self.hosts, **{"timeout": 10.0, **kwargs})
+        self.made.append(client)
+        client.start(timeout=self.start_timeout)
+        return client
+
+    def close(self) -> None:
+        for client in self.made:
+            with contextlib.suppress(Exception):
+                client.stop()
+            client.close()

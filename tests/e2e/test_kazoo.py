@@ -61,7 +61,7 @@ from kazoo.security import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.consensus.fourletter import ask
-from tests.e2e.ensemble import Ensemble, wait_until
+from tests.e2e.ensemble import Ensemble, KazooClients, wait_until
 from tests.e2e.service_process import REPO_ROOT
 from tests.e2e.zk_raw import (
     CREATE,
@@ -95,29 +95,9 @@ def ens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
     assert all(codes == [0] for codes in ensemble.exit_codes.values()), ensemble.exit_codes
 
 
-class Clients:
-    """Starts KazooClients and stops every one of them when the test ends."""
-
-    def __init__(self, hosts: str) -> None:
-        self.hosts = hosts
-        self.made: list[KazooClient] = []
-
-    def __call__(self, hosts: str | None = None, **kwargs: Any) -> KazooClient:
-        client = KazooClient(hosts=hosts or self.hosts, **{"timeout": 10.0, **kwargs})
-        self.made.append(client)
-        client.start(timeout=WAIT)
-        return client
-
-    def close(self) -> None:
-        for client in self.made:
-            with contextlib.suppress(Exception):
-                client.stop()
-            client.close()
-
-
 @pytest.fixture
-def zk(ens: Ensemble) -> Iterator[Clients]:
-    clients = Clients(ens.hosts)
+def zk(ens: Ensemble) -> Iterator[KazooClients]:
+    clients = KazooClients(ens.hosts, WAIT)
     try:
         yield clients
     finally:
@@ -158,7 +138,7 @@ def scrape(ens: Ensemble, member: int) -> dict[str, float]:
 # -- CRUD, versions, stats ----------------------------------------------------------------
 
 
-def test_create_get_set_delete_with_versions_and_stat(zk: Clients, base: str) -> None:
+def test_create_get_set_delete_with_versions_and_stat(zk: KazooClients, base: str) -> None:
     client = zk()
     path, stat = client.create(base, b"hello", include_data=True)
     assert path == base
@@ -217,7 +197,7 @@ def test_create_get_set_delete_with_versions_and_stat(zk: Clients, base: str) ->
         client.delete(base)
 
 
-def test_sequential_numbering_from_several_clients(zk: Clients, base: str) -> None:
+def test_sequential_numbering_from_several_clients(zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(3)]
     clients[0].create(base)
     clients[0].create(f"{base}/plain")  # the counter is the parent's cversion: 1 now
@@ -256,7 +236,7 @@ def test_sequential_numbering_from_several_clients(zk: Clients, base: str) -> No
 # -- ephemerals and sessions ---------------------------------------------------------------
 
 
-def test_ephemeral_gone_after_session_close(zk: Clients, base: str) -> None:
+def test_ephemeral_gone_after_session_close(zk: KazooClients, base: str) -> None:
     owner, observer = zk(), zk()
     observer.create(base)
     path = owner.create(f"{base}/eph", b"mine", ephemeral=True)
@@ -284,7 +264,7 @@ time.sleep(120)
 """
 
 
-def test_ephemeral_gone_after_session_expiry(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_ephemeral_gone_after_session_expiry(ens: Ensemble, zk: KazooClients, base: str) -> None:
     """The owner process is SIGKILLed: no closeSession is sent, so only the session's
     expiry (1 s timeout) can remove the node."""
     observer = zk()
@@ -331,7 +311,7 @@ def test_session_survives_member_restarts(tmp_path: Path) -> None:
     with Ensemble(tmp_path).start() as ens:
         leader = ens.wait_serving()
         follower = next(i for i in ens.ids if i != leader)
-        clients = Clients(ens.hosts)
+        clients = KazooClients(ens.hosts, WAIT)
         try:
             client = clients(ens.host(follower))  # pinned to the follower first
             assert port_of(client) == ens.client_ports[follower]
@@ -389,7 +369,7 @@ def test_session_survives_member_restarts(tmp_path: Path) -> None:
 # -- watches -------------------------------------------------------------------------------
 
 
-def test_watches_fire_once_and_in_order(zk: Clients, base: str) -> None:
+def test_watches_fire_once_and_in_order(zk: KazooClients, base: str) -> None:
     watcher, writer = zk(), zk()
     writer.create(base)
     node, marker = f"{base}/node", f"{base}/marker"
@@ -424,7 +404,7 @@ def test_watches_fire_once_and_in_order(zk: Clients, base: str) -> None:
     ]
 
 
-def test_watch_events_of_several_nodes_arrive_in_write_order(zk: Clients, base: str) -> None:
+def test_watch_events_of_several_nodes_arrive_in_write_order(zk: KazooClients, base: str) -> None:
     watcher, writers = zk(), [zk(), zk()]
     watcher.create(base)
     paths = [f"{base}/n{i}" for i in range(12)]
@@ -452,7 +432,7 @@ def test_watch_events_of_several_nodes_arrive_in_write_order(zk: Clients, base: 
 # -- transactions ----------------------------------------------------------------------------
 
 
-def test_failed_transaction_applies_nothing(zk: Clients, base: str) -> None:
+def test_failed_transaction_applies_nothing(zk: KazooClients, base: str) -> None:
     client = zk()
     client.create(base)
     client.create(f"{base}/a", b"a0")
@@ -495,7 +475,7 @@ def test_failed_transaction_applies_nothing(zk: Clients, base: str) -> None:
 # -- ACLs ----------------------------------------------------------------------------------
 
 
-def test_digest_acl(zk: Clients, base: str) -> None:
+def test_digest_acl(zk: KazooClients, base: str) -> None:
     owner, stranger, impostor = zk(), zk(), zk()
     owner.add_auth("digest", "user:pw")
     impostor.add_auth("digest", "user:wrong")
@@ -538,7 +518,7 @@ def test_digest_acl(zk: Clients, base: str) -> None:
     owner.delete(base)
 
 
-def test_invalid_acls_and_the_auth_scheme(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_invalid_acls_and_the_auth_scheme(ens: Ensemble, zk: KazooClients, base: str) -> None:
     client = zk()
     for acl in (
         [ACL(Permissions.ALL, Id("digest", "no-colon"))],
@@ -565,7 +545,7 @@ def test_invalid_acls_and_the_auth_scheme(ens: Ensemble, zk: Clients, base: str)
 
 
 def test_write_on_a_follower_read_on_another_after_sync(
-    ens: Ensemble, zk: Clients, base: str
+    ens: Ensemble, zk: KazooClients, base: str
 ) -> None:
     leader, followers = members(ens)
     first, second = followers
@@ -611,7 +591,7 @@ def run_threads(targets: list[Callable[[], None]], timeout: float = 60.0) -> Non
     assert not errors, errors
 
 
-def test_lock_mutual_exclusion(zk: Clients, base: str) -> None:
+def test_lock_mutual_exclusion(zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(3)]
     counter_path = f"{base}/counter"
     clients[0].create(counter_path, b"0", makepath=True)
@@ -646,7 +626,7 @@ def test_lock_mutual_exclusion(zk: Clients, base: str) -> None:
     assert clients[2].get_children(f"{base}/lock") == []
 
 
-def test_election_one_leader_then_the_next(zk: Clients, base: str) -> None:
+def test_election_one_leader_then_the_next(zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(3)]
     elections = [Election(clients[i], base, identifier=f"c{i}") for i in range(3)]
     running: list[int] = []
@@ -694,7 +674,7 @@ def test_election_one_leader_then_the_next(zk: Clients, base: str) -> None:
     assert elections[0].contenders() == []
 
 
-def test_counter_concurrent_increments(zk: Clients, base: str) -> None:
+def test_counter_concurrent_increments(zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(3)]
 
     def worker(i: int) -> Callable[[], None]:
@@ -717,7 +697,7 @@ def test_counter_concurrent_increments(zk: Clients, base: str) -> None:
     assert Counter(clients[1], f"{base}-float", default=0.5).value == 1.75
 
 
-def test_barrier_releases_waiters_when_removed(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_barrier_releases_waiters_when_removed(ens: Ensemble, zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(4)]
     Barrier(clients[0], base).create()
     watches_before = sum(int(ens.stat(i)["zk_watch_count"]) for i in ens.ids)
@@ -743,7 +723,7 @@ def test_barrier_releases_waiters_when_removed(ens: Ensemble, zk: Clients, base:
     assert clients[0].exists(base) is None
 
 
-def test_locking_queue_priority_order_and_exactly_once(zk: Clients, base: str) -> None:
+def test_locking_queue_priority_order_and_exactly_once(zk: KazooClients, base: str) -> None:
     producer = zk()
     single = LockingQueue(producer, f"{base}/ordered")
     for value, priority in [(b"low-a", 200), (b"hi-a", 10), (b"mid-a", 50)]:
@@ -786,7 +766,7 @@ def test_locking_queue_priority_order_and_exactly_once(zk: Clients, base: str) -
     assert len(LockingQueue(producer, f"{base}/shared")) == 0
 
 
-def test_party_members(zk: Clients, base: str) -> None:
+def test_party_members(zk: KazooClients, base: str) -> None:
     clients = [zk() for _ in range(3)]
     parties = [Party(clients[i], base, identifier=f"member-{i}") for i in range(3)]
     for party in parties:
@@ -807,7 +787,7 @@ def test_party_members(zk: Clients, base: str) -> None:
 # -- four-letter words and metrics -----------------------------------------------------------
 
 
-def test_four_letter_words(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_four_letter_words(ens: Ensemble, zk: KazooClients, base: str) -> None:
     leader, followers = members(ens)
     for i in ens.ids:
         assert ask(ens.client_ports[i], "ruok") == "imok"
@@ -844,7 +824,7 @@ def test_four_letter_words(ens: Ensemble, zk: Clients, base: str) -> None:
     assert int(after["zk_num_alive_connections"]) >= 1
 
 
-def test_metrics(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_metrics(ens: Ensemble, zk: KazooClients, base: str) -> None:
     leader, followers = members(ens)
     target = followers[0]
     client = zk(ens.host(target))
@@ -887,7 +867,7 @@ def test_metrics(ens: Ensemble, zk: Clients, base: str) -> None:
 
 
 @pytest.fixture
-def canary(zk: Clients, base: str) -> Iterator[tuple[KazooClient, dict[str, bytes]]]:
+def canary(zk: KazooClients, base: str) -> Iterator[tuple[KazooClient, dict[str, bytes]]]:
     """A few nodes whose content must not change whatever a bad client sends."""
     client = zk()
     content = {base: b"root", f"{base}/a": b"alpha", f"{base}/a/b": b"\x00\xff" * 100}
@@ -957,7 +937,7 @@ def test_oversized_frame_length_closes_the_connection(
 
 
 def test_invalid_paths_are_bad_arguments(
-    ens: Ensemble, zk: Clients, canary: tuple[KazooClient, dict[str, bytes]], base: str
+    ens: Ensemble, zk: KazooClients, canary: tuple[KazooClient, dict[str, bytes]], base: str
 ) -> None:
     port = ens.client_ports[ens.ids[0]]
     with RawSession.open(port) as raw:
@@ -1039,7 +1019,7 @@ def test_fuzz_random_bytes_after_connect(
     assert ens.mode(ens.ids[-1]) in ("leader", "follower")
 
 
-def test_members_serve_after_bad_input(ens: Ensemble, zk: Clients) -> None:
+def test_members_serve_after_bad_input(ens: Ensemble, zk: KazooClients) -> None:
     assert sorted(ens.running()) == ens.ids
     leader, followers = members(ens)
     for i in ens.ids:

@@ -13,7 +13,6 @@ duration.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import urllib.request
@@ -33,7 +32,7 @@ from tests.consensus.test_zk_metric_names import (
     SERVER_GAUGES,
     SUMMARIES,
 )
-from tests.e2e.ensemble import Ensemble, wait_until
+from tests.e2e.ensemble import Ensemble, KazooClients, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,28 +77,9 @@ def ens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
     assert all(codes == [0] for codes in ensemble.exit_codes.values()), ensemble.exit_codes
 
 
-class Clients:
-    """KazooClients, each stopped (its session closed) when the test ends."""
-
-    def __init__(self) -> None:
-        self.made: list[KazooClient] = []
-
-    def __call__(self, hosts: str) -> KazooClient:
-        client = KazooClient(hosts=hosts, timeout=10.0)
-        self.made.append(client)
-        client.start(timeout=WAIT)
-        return client
-
-    def close(self) -> None:
-        for client in self.made:
-            with contextlib.suppress(Exception):
-                client.stop()
-            client.close()
-
-
 @pytest.fixture
-def zk() -> Iterator[Clients]:
-    clients = Clients()
+def zk(ens: Ensemble) -> Iterator[KazooClients]:
+    clients = KazooClients(ens.hosts, WAIT)
     try:
         yield clients
     finally:
@@ -188,7 +168,7 @@ def test_leader_series_on_exactly_the_leader(ens: Ensemble) -> None:
 # -- the tree -------------------------------------------------------------------------------
 
 
-def test_tree_gauges_are_what_kazoo_sees(ens: Ensemble, zk: Clients, base: str) -> None:
+def test_tree_gauges_are_what_kazoo_sees(ens: Ensemble, zk: KazooClients, base: str) -> None:
     writer = zk(ens.hosts)
     other = zk(ens.host(ens.ids[-1]))
     writer.create(base, b"top")
@@ -237,7 +217,7 @@ def test_tree_gauges_are_what_kazoo_sees(ens: Ensemble, zk: Clients, base: str) 
 
 
 def test_watches_connections_and_traffic_counted_where_clients_are(
-    ens: Ensemble, zk: Clients, base: str
+    ens: Ensemble, zk: KazooClients, base: str
 ) -> None:
     a, b, c = ens.ids
     leader = ens.wait_serving()
