@@ -74,7 +74,7 @@ IDLE_SECONDS = 0.001  # between slot READs while nothing new is readable
 TORN_RETRIES = 64  # slot READs that overlapped the broker's update, in a row, at most
 MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in between
 BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
-T = TypeVar("T", list[Record], bytes)
+T = TypeVar("T", list[Record], bytes | bytearray)
 
 
 # The leader moved (or is moving): another broker serves the partition now.
@@ -133,9 +133,11 @@ class RdmaConsumer:
         self._decoded = offset  # the offset after the last record decoded
         self._ready: list[Record] = []  # decoded, not yet returned (a failed poll keeps them)
         self._batches = batches
-        # With batches=True: (base offset, next offset, bytes) of whole checked batches not
-        # yet handed out in full, and the first offset not handed out.
-        self._stored: list[tuple[int, int, bytes]] = []
+        # With batches=True: whole checked batches not yet handed out in full, back to back,
+        # with each one's (base offset, next offset, position in _stored); and the first
+        # offset not handed out.
+        self._stored = bytearray()
+        self._stored_batches: list[tuple[int, int, int]] = []
         self._handed = offset
         self._provider = provider
         self._read_size = read_size
@@ -201,7 +203,7 @@ class RdmaConsumer:
             raise RdmaConsumeError("this consumer hands out batches: use poll_batches")
         return await self._poll(timeout, self._take_ready)
 
-    async def poll_batches(self, end: int, timeout: float = 0.0) -> bytes:
+    async def poll_batches(self, end: int, timeout: float = 0.0) -> bytes | bytearray:
         """The whole record batches (CRC-checked, as stored) that hold offsets from
         ``position`` up to ``end`` (exclusive) readable now, back to back, waiting up to
         ``timeout`` seconds for some; b"" when none came. The first batch may start before
@@ -280,15 +282,22 @@ class RdmaConsumer:
         records, self._ready = self._ready, []
         return records
 
-    def _take_stored(self, end: int) -> bytes:
-        """The stored batches holding offsets from ``_handed`` below ``end``; keeps the one
-        reaching past ``end``."""
-        taken = [b for b in self._stored if b[0] < end]
-        if not taken:
+    def _take_stored(self, end: int) -> bytes | bytearray:
+        """The stored batches holding offsets from ``_handed`` below ``end``, handed out as
+        they were stored (no copy when they are all there is); keeps the one reaching past
+        ``end``, and those after it."""
+        batches = self._stored_batches
+        count = sum(1 for b in batches if b[0] < end)  # a prefix: batches are in order
+        if not count:
             return b""
-        self._handed = min(end, taken[-1][1])
-        self._stored = [b for b in self._stored if b[1] > self._handed]
-        return b"".join(b[2] for b in taken)
+        self._handed = min(end, batches[count - 1][1])
+        stored = self._stored
+        taken = stored if count == len(batches) else stored[: batches[count][2]]
+        kept = [b for b in batches if b[1] > self._handed]
+        start = kept[0][2] if kept else len(stored)
+        self._stored = stored[start:]
+        self._stored_batches = [(base, after, at - start) for base, after, at in kept]
+        return taken
 
     def _next_read_size(self) -> int:
         """``read_size``, or what completes the batch whose header is in the buffer."""
@@ -329,8 +338,9 @@ class RdmaConsumer:
                 verify_crc(view, position, header)
                 if self._batches:
                     if header.next_offset > self._decoded:
-                        stored = bytes(view[position : position + size])
-                        self._stored.append((header.base_offset, header.next_offset, stored))
+                        batch_at = (header.base_offset, header.next_offset, len(self._stored))
+                        self._stored_batches.append(batch_at)
+                        self._stored += view[position : position + size]
                 elif not header.is_control:
                     batch = decode_records(view, position, header)
                     self._ready += (r for r in batch if r.offset >= self._decoded)
