@@ -87,7 +87,6 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     )
     metrics = BrokerMetrics()
     metrics.watch_logs(logs)
-    metrics_port = metrics.serve(settings.host, settings.metrics_port)
     loop = asyncio.get_running_loop()
     failure: asyncio.Future[None] = loop.create_future()  # a broker that cannot follow
     fetch = FetchSettings(
@@ -121,6 +120,9 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         settings.rack,
         settings.heartbeat_interval_ms / 1000,
         apply,
+    )
+    metrics_port = metrics.serve(
+        settings.host, settings.metrics_port, lambda: readiness(link, image, settings.node_id)
     )
     coordinator = GroupCoordinator(
         coordinator_settings(settings), lambda: _partition_count(image, settings)
@@ -238,6 +240,26 @@ def _partition_count(image: ClusterImage, settings: BrokerSettings) -> int:
     """Partitions of the offsets topic: as created, or as it will be created."""
     topic = image.topic(OFFSETS_TOPIC)
     return len(topic.partitions) if topic else settings.offsets_topic_num_partitions
+
+
+def readiness(link: ControllerLink, image: ClusterImage, node_id: int) -> str | None:
+    """What /readyz reports: a broker is ready once it is registered, unfenced, holds the
+    cluster image and is in the ISR of every partition it replicates that has a leader —
+    so a rolling restart moves on to the next broker only when this one has caught up."""
+    if link.broker_epoch < 0 or not link.first_image.is_set():
+        return "not registered with a controller yet"
+    me = image.brokers.get(node_id)
+    if me is None or me.fenced:
+        return "fenced by the controller"
+    behind = sorted(
+        f"{topic.name}-{info.partition}"
+        for topic, info in image.hosted_by(node_id)
+        if info.leader >= 0 and node_id not in info.isr
+    )
+    if behind:
+        shown = ", ".join(behind[:5]) + (", ..." if len(behind) > 5 else "")
+        return f"not yet in the ISR of {len(behind)} partitions: {shown}"
+    return None
 
 
 async def controlled_shutdown(

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from directlog.metrics import LATENCY_BUCKETS, serve
+from directlog.metrics import LATENCY_BUCKETS, Readiness, serve
 from directlog.protocol.errors import ErrorCode
 from directlog.topics import TopicPartition
 from services.broker.storage.log_manager import LogManager
@@ -421,8 +421,8 @@ class BrokerMetrics:
     def request_error(self, api: str, code: ErrorCode) -> None:
         self.errors.labels(api, code.name).inc()
 
-    def serve(self, host: str, port: int) -> int:
-        return serve(self.registry, host, port)
+    def serve(self, host: str, port: int, ready: Readiness | None = None) -> int:
+        return serve(self.registry, host, port, ready)
 
 
 class TopicStats:

@@ -26,7 +26,7 @@ async def run_member(settings: ConsensusSettings, member_id: int, stop: asyncio.
     metrics_url = "off"
     if addresses.metrics is not None:
         host, port = parse_address(addresses.metrics)
-        metrics_url = f"http://{host}:{member.metrics.serve(host, port)}/metrics"
+        metrics_url = f"http://{host}:{member.metrics.serve(host, port, member.readiness)}/metrics"
     await member.start()
     heap.settle()
     host, port = parse_address(addresses.client)

@@ -176,6 +176,10 @@ class Member:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def readiness(self) -> str | None:
+        """/readyz: a member is ready while it serves clients, in a quorum with a leader."""
+        return None if self.serving else f"not serving clients ({self.role.name.lower()})"
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         host, port = parse_address(self.settings.members[self.id].peer)

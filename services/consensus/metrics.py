@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from directlog.metrics import LATENCY_BUCKETS, serve
+from directlog.metrics import LATENCY_BUCKETS, Readiness, serve
 from services.consensus.codes import OpCode
 from services.consensus.zab import ServerState
 
@@ -356,8 +356,8 @@ class ConsensusMetrics:
         """The client port whose connections and packets ZooKeeper's gauges count."""
         self.clients = clients
 
-    def serve(self, host: str, port: int) -> int:
-        return serve(self.registry, host, port)
+    def serve(self, host: str, port: int, ready: Readiness | None = None) -> int:
+        return serve(self.registry, host, port, ready)
 
 
 def _gauge(name: str, doc: str, value: float) -> Metric:

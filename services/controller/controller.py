@@ -310,6 +310,11 @@ class Controller:
             return self.address
         return None if self.active is None else self.active.address
 
+    def readiness(self) -> str | None:
+        """/readyz: active or standby, a controller is ready while its consensus session is
+        up (a standby is then able to take over)."""
+        return None if self._connected.is_set() else "not connected to the consensus service"
+
     def start(self, address: str) -> None:
         """Connect and campaign in the background as ``address`` (our gRPC host:port)."""
         self.address = address

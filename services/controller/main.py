@@ -28,8 +28,8 @@ STOP_GRACE = 1.0  # seconds for in-flight RPCs when stopping
 
 async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> None:
     metrics = ControllerMetrics()
-    metrics_port = metrics.serve(settings.host, settings.metrics_port)
     controller = Controller(settings, metrics)
+    metrics_port = metrics.serve(settings.host, settings.metrics_port, controller.readiness)
     server = grpc.aio.server()
     controller_pb2_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
         ControllerService(controller), server

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from directlog.metrics import LATENCY_BUCKETS, serve
+from directlog.metrics import LATENCY_BUCKETS, Readiness, serve
 from services.controller.cluster import Change, ClusterState
 
 
@@ -117,8 +117,8 @@ class ControllerMetrics:
         finally:
             self.rpc_latency.labels(method).observe(time.perf_counter() - start)
 
-    def serve(self, host: str, port: int) -> int:
-        return serve(self.registry, host, port)
+    def serve(self, host: str, port: int, ready: Readiness | None = None) -> int:
+        return serve(self.registry, host, port, ready)
 
 
 def _gauge_value(gauge: Gauge) -> float:

@@ -34,9 +34,9 @@ async def run_tiering(settings: TieringSettings, stop: asyncio.Event) -> None:
     os.nice(settings.niceness)
     store = RemoteStore(settings.store_config())
     metrics = TieringMetrics()
-    metrics_port = metrics.serve(settings.metrics_host, settings.metrics_port)
     link = BrokerLink(settings.broker)
     manager = RemoteLogManager(settings, link, store, metrics)
+    metrics_port = metrics.serve(settings.metrics_host, settings.metrics_port, manager.readiness)
     print(
         "Directlog tiering service ready\n"
         f"  broker             {settings.broker}\n"

@@ -120,6 +120,7 @@ class RemoteLogManager:
         self._copying = asyncio.Semaphore(settings.copy_concurrency)
         self._next_deletion_check = 0.0
         self._broker_reachable = True
+        self._broker_answered = False  # ever: until then the sidecar is not ready
         # Topics whose series the metrics keep: hosted by the broker, and deleted with their
         # remote data still to delete (after a failed try).
         self._hosted_topics: set[str] = set()
@@ -133,6 +134,12 @@ class RemoteLogManager:
         while not stop.is_set():
             await self.round()
             await wait_event(stop, self.settings.interval_ms / 1000)
+
+    def readiness(self) -> str | None:
+        """/readyz: ready while the broker beside it answers."""
+        if not self._broker_answered:
+            return "the broker has not answered yet"
+        return None if self._broker_reachable else "the broker does not answer"
 
     def close(self) -> None:
         for work in self.partitions.values():
@@ -151,7 +158,7 @@ class RemoteLogManager:
             return
         if not self._broker_reachable:
             log.info("the broker answers again")
-        self._broker_reachable = True
+        self._broker_reachable = self._broker_answered = True
         self._follow_hosting(list(reply.partitions))
         leaders = [w for w in self.partitions.values() if w.hosted.leader]
         due = time.monotonic()

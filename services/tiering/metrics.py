@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from directlog.metrics import LATENCY_BUCKETS, serve
+from directlog.metrics import LATENCY_BUCKETS, Readiness, serve
 
 
 class TieringMetrics:
@@ -220,8 +220,8 @@ class TieringMetrics:
             self.remote_log_records,
         )
 
-    def serve(self, host: str, port: int) -> int:
-        return serve(self.registry, host, port)
+    def serve(self, host: str, port: int, ready: Readiness | None = None) -> int:
+        return serve(self.registry, host, port, ready)
 
 
 def _drop_children(metric: Counter | Gauge, keep: Callable[[str], bool]) -> float:
