@@ -35,6 +35,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
     from kafka.protocol.admin import (
         AlterConfigsRequest,
         AlterConfigsResponse,
+        AlterPartitionReassignmentsRequest,
+        AlterPartitionReassignmentsResponse,
         CreatePartitionsRequest,
         CreatePartitionsResponse,
         CreateTopicsRequest,
@@ -51,10 +53,14 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         DescribeConfigsResponse,
         DescribeGroupsRequest,
         DescribeGroupsResponse,
+        ElectLeadersRequest,
+        ElectLeadersResponse,
         IncrementalAlterConfigsRequest,
         IncrementalAlterConfigsResponse,
         ListGroupsRequest,
         ListGroupsResponse,
+        ListPartitionReassignmentsRequest,
+        ListPartitionReassignmentsResponse,
     )
     from kafka.protocol.consumer import (
         FetchRequest,
@@ -118,7 +124,10 @@ class ApiKey(IntEnum):
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
@@ -184,6 +193,21 @@ APIS: dict[int, Api] = {
         Api(ApiKey.ALTER_CONFIGS, AlterConfigsRequest, AlterConfigsResponse, 0, 2),
         Api(ApiKey.CREATE_PARTITIONS, CreatePartitionsRequest, CreatePartitionsResponse, 0, 3),
         Api(ApiKey.DELETE_GROUPS, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
+        Api(ApiKey.ELECT_LEADERS, ElectLeadersRequest, ElectLeadersResponse, 0, 2),
+        Api(
+            ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+            AlterPartitionReassignmentsRequest,
+            AlterPartitionReassignmentsResponse,
+            0,
+            0,
+        ),
+        Api(
+            ApiKey.LIST_PARTITION_REASSIGNMENTS,
+            ListPartitionReassignmentsRequest,
+            ListPartitionReassignmentsResponse,
+            0,
+            0,
+        ),
         Api(
             ApiKey.INCREMENTAL_ALTER_CONFIGS,
             IncrementalAlterConfigsRequest,

@@ -10,6 +10,7 @@ requests are carried out by the controller.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
@@ -51,6 +52,7 @@ from services.broker.groups.handlers import GroupApis
 from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
+from services.broker.partition_admin import PartitionAdmin
 from services.broker.producer_ids import ProducerIdAllocator
 from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
@@ -74,6 +76,12 @@ LOG_PREFIX = "log."  # a broker names the default of topic config X log.X
 IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
+
+
+# The listener the request being handled came in through (set by the server for each
+# connection's task): Metadata, FindCoordinator and DescribeCluster answer with the brokers'
+# addresses on it. Empty: the inter-broker listener.
+LISTENER: contextvars.ContextVar[str] = contextvars.ContextVar("listener", default="")
 
 
 class CloseConnectionError(Exception):
@@ -153,6 +161,7 @@ class KafkaApis:
             ApiKey.RDMA_CONSUME: self.rdma_consume,
             ApiKey.RDMA_REPLICA: self.rdma_replica,
             **groups.handlers(),
+            **PartitionAdmin(image, self._controller_topics, metrics).handlers(),
         }
 
     async def handle(self, api: Api, header: RequestHeader, request: Any) -> Response:
@@ -716,10 +725,8 @@ class KafkaApis:
         return response(
             throttle_time_ms=0,
             brokers=[
-                response.MetadataResponseBroker(
-                    node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack
-                )
-                for b in self.image.live_brokers()
+                response.MetadataResponseBroker(node_id=b_id, host=host, port=port, rack=rack)
+                for b_id, host, port, rack in self._live_addresses()
             ],
             cluster_id=self.image.cluster_id,
             controller_id=self.settings.node_id,  # admin requests sent here reach the controller
@@ -802,28 +809,32 @@ class KafkaApis:
             if code is not ErrorCode.NONE:
                 self.metrics.request_error("find_coordinator", code)
                 log.info("find_coordinator: %s: %s", code.name, message)
-        code, message, broker = found[0] if found else (ErrorCode.NONE, None, None)
+        code, message, node = found[0] if found else (ErrorCode.NONE, None, None)
+        node_id, host, port = node or (-1, "", -1)
         return response(
             throttle_time_ms=0,
             error_code=code,
             error_message=message,
-            node_id=broker.broker_id if broker else -1,
-            host=broker.host if broker else "",
-            port=broker.port if broker else -1,
+            node_id=node_id,
+            host=host,
+            port=port,
             coordinators=[
                 response.Coordinator(
                     key=key,
-                    node_id=b.broker_id if b else -1,
-                    host=b.host if b else "",
-                    port=b.port if b else -1,
+                    node_id=n[0] if n else -1,
+                    host=n[1] if n else "",
+                    port=n[2] if n else -1,
                     error_code=c,
                     error_message=m,
                 )
-                for key, (c, m, b) in zip(keys, found, strict=True)
+                for key, (c, m, n) in zip(keys, found, strict=True)
             ],
         )
 
-    async def _coordinator(self, key: str, key_type: int) -> tuple[ErrorCode, str | None, Any]:
+    async def _coordinator(
+        self, key: str, key_type: int
+    ) -> tuple[ErrorCode, str | None, tuple[int, str, int] | None]:
+        """The group coordinator's node id, host and port on the request's listener."""
         if key_type == TRANSACTION_KEY:
             return ErrorCode.INVALID_REQUEST, "Directlog does not serve transactions", None
         if key_type != GROUP_KEY:
@@ -839,13 +850,23 @@ class KafkaApis:
         index = partition_for(key, len(topic.partitions))
         info = topic.partitions.get(index)
         broker = self.image.brokers.get(info.leader) if info is not None else None
-        if broker is None or broker.port <= 0 or broker.fenced:
+        address = broker.address(LISTENER.get()) if broker is not None else None
+        if broker is None or address is None or address[1] <= 0 or broker.fenced:
             return (
                 ErrorCode.COORDINATOR_NOT_AVAILABLE,
                 f"{OFFSETS_TOPIC}-{index} has no leader",
                 None,
             )
-        return ErrorCode.NONE, None, broker
+        return ErrorCode.NONE, None, (broker.broker_id, *address)
+
+    def _live_addresses(self) -> list[tuple[int, str, int, str | None]]:
+        """Live brokers as (id, host, port, rack) on the request's listener."""
+        listener = LISTENER.get()
+        return [
+            (b.broker_id, *address, b.rack)
+            for b in self.image.live_brokers()
+            if (address := b.address(listener)) is not None
+        ]
 
     async def _create_offsets_topic(self) -> None:
         """Create __consumer_offsets as Kafka does: compacted, the configured partitions and
@@ -918,10 +939,8 @@ class KafkaApis:
             cluster_id=self.image.cluster_id,
             controller_id=self.settings.node_id,
             brokers=[
-                response.DescribeClusterBroker(
-                    broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack
-                )
-                for b in self.image.live_brokers()
+                response.DescribeClusterBroker(broker_id=b_id, host=host, port=port, rack=rack)
+                for b_id, host, port, rack in self._live_addresses()
             ],
             authorized_operations=None,
         )

@@ -27,10 +27,16 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     broker_id: int
-    host: str
+    host: str  # on the inter-broker listener, where replicas fetch from
     port: int
     rack: str | None
     fenced: bool
+    listeners: dict[str, tuple[str, int]] = field(default_factory=dict)  # name: host, port
+
+    def address(self, listener: str) -> tuple[str, int] | None:
+        """Where a client that came in through `listener` reaches this broker; a broker
+        without that listener is not there for it (as Kafka leaves it out of Metadata)."""
+        return self.listeners.get(listener) if listener else (self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +47,8 @@ class PartitionInfo:
     leader_epoch: int
     isr: tuple[int, ...]
     partition_epoch: int
+    adding: tuple[int, ...] = ()  # a reassignment in progress (KIP-455)
+    removing: tuple[int, ...] = ()
 
     @classmethod
     def from_proto(cls, state: pb.PartitionState) -> PartitionInfo:
@@ -51,6 +59,8 @@ class PartitionInfo:
             state.leader_epoch,
             tuple(state.isr),
             state.partition_epoch,
+            tuple(state.adding_replicas),
+            tuple(state.removing_replicas),
         )
 
 
@@ -74,7 +84,10 @@ class ImageChange:
 
 
 class ClusterImage:
-    def __init__(self, static_defaults: LogConfig) -> None:
+    def __init__(
+        self, static_defaults: LogConfig, inter_broker_listener: str = "PLAINTEXT"
+    ) -> None:
+        self.inter_broker_listener = inter_broker_listener
         self.static_defaults = static_defaults  # the broker's log_defaults setting
         self.dynamic_defaults: dict[str, str] = {}  # the cluster-wide ones, Kafka topic names
         self.log_defaults = static_defaults  # both layers: a topic without overrides
@@ -96,7 +109,9 @@ class ClusterImage:
         self.cluster_id = update.cluster_id or self.cluster_id
         self.controller_id = update.controller_id
         self.controller_epoch = update.controller_epoch
-        self.brokers = {b.broker_id: _broker_info(b) for b in update.brokers}
+        self.brokers = {
+            b.broker_id: _broker_info(b, self.inter_broker_listener) for b in update.brokers
+        }
         change = ImageChange(update.full, [], [], [])
         if update.full:
             wanted = {uuid.UUID(bytes=t.topic_id) for t in update.topics}
@@ -181,14 +196,7 @@ class ClusterImage:
                     yield topic, info
 
 
-def _broker_info(broker: pb.Broker) -> BrokerInfo:
-    listener = next((x for x in broker.listeners if x.name == "PLAINTEXT"), None)
-    if listener is None and broker.listeners:
-        listener = broker.listeners[0]
-    return BrokerInfo(
-        broker.broker_id,
-        listener.host if listener else "",
-        listener.port if listener else -1,
-        broker.rack or None,
-        broker.fenced,
-    )
+def _broker_info(broker: pb.Broker, inter_broker_listener: str) -> BrokerInfo:
+    listeners = {x.name: (x.host, x.port) for x in broker.listeners}
+    host, port = listeners.get(inter_broker_listener, ("", -1))
+    return BrokerInfo(broker.broker_id, host, port, broker.rack or None, broker.fenced, listeners)

@@ -78,7 +78,7 @@ def check_cluster_id(data_dir: Path, cluster_id: str) -> None:
 async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     defaults = LogConfig.from_properties(settings.log_defaults)
-    image = ClusterImage(defaults)
+    image = ClusterImage(defaults, settings.inter_broker())
     logs = LogManager.open(
         settings.data_dir,
         image.config_for,
@@ -112,7 +112,6 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             if not failure.done():
                 failure.set_exception(error)
 
-    host = settings.advertised_host or settings.host
     link = ControllerLink(
         settings.controllers,
         settings.node_id,
@@ -170,8 +169,16 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             f"remote store {store.root_uri}\n"
         )
     server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
-    port = server.listen(settings.host, settings.port)
-    link.listeners = [pb.Listener(name="PLAINTEXT", host=host, port=port)]
+    listener_lines = ""
+    for listener in settings.kafka_listeners():
+        bound = server.listen(listener.host, listener.port, listener.name)
+        host = listener.advertised_host or listener.host
+        port = listener.advertised_port or bound
+        link.listeners.append(pb.Listener(name=listener.name, host=host, port=port))
+        listener_lines += (
+            f"  listener {listener.name:<9} {listener.host}:{bound}, advertised {host}:{port}\n"
+        )
+    bootstrap = f"{link.listeners[0].host}:{link.listeners[0].port}"
     link.start()
     coordinator.start()
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
@@ -183,7 +190,8 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             server.serve()
             print(
                 f"Directlog broker {settings.node_id} ready\n"
-                f"  bootstrap servers  {host}:{port}\n"
+                f"  bootstrap servers  {bootstrap}\n"
+                f"{listener_lines}"
                 f"  metrics            http://{settings.host}:{metrics_port}/metrics\n"
                 f"  controllers        {','.join(settings.controllers)}\n"
                 f"  data               {settings.data_dir.resolve()}\n"

@@ -103,6 +103,14 @@ class Partition:
                 list(info.isr),
                 self._leader_epoch_start,
             )
+        else:
+            # A reassignment changes the replicas within an epoch: follow the new ones from
+            # nothing caught up, forget the removed ones.
+            wanted = {r for r in info.replicas if r != self.local_id}
+            for replica in wanted - self.followers.keys():
+                self.followers[replica] = FollowerProgress(last_caught_up_ms=0)
+            for replica in self.followers.keys() - wanted:
+                del self.followers[replica]
         self.maybe_advance_high_watermark()
 
     def become_follower(self, info: PartitionInfo) -> None:

@@ -30,7 +30,7 @@ from directlog.protocol.api import (
 )
 from directlog.protocol.errors import ErrorCode
 from directlog.records.errors import RecordError
-from services.broker.apis import CloseConnectionError, KafkaApis
+from services.broker.apis import LISTENER, CloseConnectionError, KafkaApis
 from services.broker.down_conversion import DownConversion
 from services.broker.fetch_response import Part, part_size
 from services.broker.metrics import BrokerMetrics
@@ -53,21 +53,23 @@ class KafkaServer:
         self.apis = apis
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
-        self._listener: socket.socket | None = None
+        self._listeners: dict[str, socket.socket] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def listen(self, host: str, port: int) -> int:
-        """Bind host:port (0 picks a free port) and return the port; connections wait in
-        the backlog until `serve`, so the port can be registered before clients come."""
+    def listen(self, host: str, port: int, name: str = "") -> int:
+        """Bind listener `name` to host:port (0 picks a free port) and return the port;
+        connections wait in the backlog until `serve`, so the port can be registered
+        before clients come."""
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         listener.setblocking(False)
-        self._listener = listener
+        self._listeners[name] = listener
         return int(listener.getsockname()[1])
 
     def serve(self) -> None:
-        assert self._listener is not None, "listen first"
+        assert self._listeners, "listen first"
         self.metrics.watch_event_loop()  # this thread runs the loop: its idle time is measured
-        self._spawn(self._accept_loop(self._listener))
+        for name, listener in self._listeners.items():
+            self._spawn(self._accept_loop(listener, name))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -75,21 +77,22 @@ class KafkaServer:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners.values():
+            listener.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _accept_loop(self, listener: socket.socket) -> None:
+    async def _accept_loop(self, listener: socket.socket, name: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
             connection, _ = await loop.sock_accept(listener)
             connection.setblocking(False)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn(self._serve(connection))
+            self._spawn(self._serve(connection, name))
 
-    async def _serve(self, connection: socket.socket) -> None:
+    async def _serve(self, connection: socket.socket, listener: str) -> None:
+        LISTENER.set(listener)  # this connection's task: its requests see their listener
         loop = asyncio.get_running_loop()
         peer = _peer(connection)
         client_host = "/" + peer.rsplit(":", 1)[0]

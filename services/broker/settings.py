@@ -7,11 +7,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from directlog.remote.store import StoreConfig
 from directlog.settings import ServiceSettings
+
+
+class ListenerSettings(BaseModel):
+    """One Kafka listener: where it binds and what Metadata tells the clients that come in
+    through it (a pod's DNS name inside Kubernetes, a node's address from outside)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$")  # Kafka's style: INTERNAL, EXTERNAL
+    host: str = "127.0.0.1"
+    port: int = Field(ge=0, le=65535)  # 0 picks a free port
+    advertised_host: str | None = None  # host if unset
+    advertised_port: int | None = Field(None, ge=1, le=65535)  # the bound port if unset
 
 
 class BrokerSettings(ServiceSettings):
@@ -22,6 +35,13 @@ class BrokerSettings(ServiceSettings):
     host: str = "127.0.0.1"
     port: int = Field(9092, ge=0, le=65535)
     advertised_host: str | None = None  # what Metadata tells clients; host if unset
+    # Named listeners (Kafka's listeners / advertised.listeners): a client is answered with
+    # every broker's address on the listener its request came in through. Empty: one
+    # PLAINTEXT listener on host:port, advertised as advertised_host.
+    listeners: list[ListenerSettings] = Field(default_factory=list)
+    # The listener replicas fetch through (Kafka's inter.broker.listener.name); the first
+    # listener if unset. Every broker of a cluster names the same one.
+    inter_broker_listener: str | None = None
     data_dir: Path = Path("data")
     metrics_port: int = Field(9308, ge=0, le=65535)  # 0 picks a free port
     rack: str | None = None
@@ -106,6 +126,37 @@ class BrokerSettings(ServiceSettings):
     # they are sent, this many bytes of batches at a time (KIP-283); 0 converts each answer
     # whole before sending it, as brokers did before (docs/broker.md, "Old consumers").
     down_conversion_chunk_bytes: int = Field(128 * 1024, ge=0)
+
+    @model_validator(mode="after")
+    def _listeners_consistent(self) -> Self:
+        names = [listener.name for listener in self.listeners]
+        if len(set(names)) != len(names):
+            raise ValueError(f"listener names must differ: {names}")
+        if self.inter_broker_listener is not None and self.inter_broker_listener not in (
+            names or ["PLAINTEXT"]
+        ):
+            raise ValueError(
+                f"inter_broker_listener {self.inter_broker_listener!r} is not a listener "
+                f"(listeners: {', '.join(names or ['PLAINTEXT'])})"
+            )
+        return self
+
+    def kafka_listeners(self) -> list[ListenerSettings]:
+        """The listeners to open, the old single-listener settings as one PLAINTEXT."""
+        if self.listeners:
+            return list(self.listeners)
+        return [
+            ListenerSettings(
+                name="PLAINTEXT",
+                host=self.host,
+                port=self.port,
+                advertised_host=self.advertised_host,
+                advertised_port=None,
+            )
+        ]
+
+    def inter_broker(self) -> str:
+        return self.inter_broker_listener or self.kafka_listeners()[0].name
 
     @model_validator(mode="after")
     def _remote_store_named(self) -> Self:

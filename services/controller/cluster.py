@@ -62,6 +62,7 @@ REMOTE_MOVES: Mapping[RemoteSegmentState, frozenset[RemoteSegmentState]] = {
     RemoteSegmentState.DELETE_STARTED: frozenset({RemoteSegmentState.DELETE_FINISHED}),
     RemoteSegmentState.DELETE_FINISHED: frozenset(),
 }
+PREFERRED, UNCLEAN = 0, 1  # Kafka's ElectionType
 KIP_950_MESSAGE = (
     "It is invalid to disable remote storage without deleting remote data. If you want to "
     "keep the remote data and turn to read only, set remote.log.copy.disable=true. If you "
@@ -128,6 +129,16 @@ class IsrResult:
     partition: int
     error: ErrorCode
     state: PartitionState | None  # in force once the change commits; None: no such partition
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's answer to an ElectLeaders or AlterPartitionReassignments."""
+
+    topic: str
+    partition: int
+    error: ErrorCode
+    message: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +438,215 @@ class ClusterState:
         change = self._partition_change(updates)
         assert change.unclean_elections == 0, change
         return replace(change, preferred_elections=change.leader_elections)
+
+    def elect_leaders(
+        self, election_type: int, partitions: Iterable[tuple[str, int]] | None, now: float
+    ) -> tuple[list[PartitionResult], Change]:
+        """Kafka's ElectLeaders. Preferred (0): the first replica leads where it is in the
+        ISR and able to lead; unclean (1): a partition without a leader gets the first live
+        replica, even out of the ISR. ``partitions`` None: every partition, and only those
+        that changed are reported (as Kafka does); named ones are each answered, those that
+        need nothing with ELECTION_NOT_NEEDED."""
+        if election_type not in (PREFERRED, UNCLEAN):
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"unknown election type {election_type}")
+        named = partitions is not None
+        wanted = (
+            list(partitions)
+            if partitions is not None
+            else [(t.name, i) for t in self.topics.values() for i in range(len(t.partitions))]
+        )
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        results = []
+        for name, index in wanted:
+            found = self._find_partition(name, index)
+            if isinstance(found, PartitionResult):
+                results.append(found)
+                continue
+            topic_id, state = found
+            if election_type == PREFERRED:
+                new, error = self._preferred(state, now)
+            else:
+                new, error = self._unclean(state)
+            if new is not None:
+                updates.setdefault(topic_id, {})[index] = new
+            if named or new is not None:
+                results.append(PartitionResult(name, index, *error))
+        return results, self._partition_change(updates)
+
+    def _preferred(
+        self, state: PartitionState, now: float
+    ) -> tuple[PartitionState | None, tuple[ErrorCode, str | None]]:
+        preferred = state.replicas[0]
+        if state.leader == preferred:
+            return None, (ErrorCode.ELECTION_NOT_NEEDED, f"broker {preferred} leads already")
+        if preferred not in state.isr or not self.can_take_leadership(preferred, now):
+            why = "not in the ISR" if preferred not in state.isr else "not able to lead now"
+            return None, (
+                ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                f"the preferred replica {preferred} is {why}",
+            )
+        new = replace(
+            state,
+            leader=preferred,
+            leader_epoch=state.leader_epoch + 1,
+            partition_epoch=state.partition_epoch + 1,
+        )
+        return new, (ErrorCode.NONE, None)
+
+    def _unclean(
+        self, state: PartitionState
+    ) -> tuple[PartitionState | None, tuple[ErrorCode, str | None]]:
+        if state.leader != NO_LEADER:
+            return None, (ErrorCode.ELECTION_NOT_NEEDED, f"broker {state.leader} leads")
+        ineligible = self.fenced | self.shutting_down
+        live = [b for b in state.replicas if b in self.brokers and b not in ineligible]
+        if not live:
+            return None, (ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, "no replica is alive")
+        new = replace(
+            state,
+            leader=live[0],
+            leader_epoch=state.leader_epoch + 1,
+            isr=(live[0],),
+            partition_epoch=state.partition_epoch + 1,
+        )
+        return new, (ErrorCode.NONE, None)
+
+    def _find_partition(
+        self, name: str, index: int
+    ) -> tuple[bytes, PartitionState] | PartitionResult:
+        topic_id = self.topic_ids.get(name)
+        topic = self.topics.get(topic_id) if topic_id is not None else None
+        if topic_id is None or topic is None or not 0 <= index < len(topic.partitions):
+            return PartitionResult(
+                name,
+                index,
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"no partition {index} of topic {name!r}",
+            )
+        return topic_id, topic.partitions[index]
+
+    # Reassignments (KIP-455) ------------------------------------------------------------
+
+    def reassign(
+        self, reassignments: Iterable[tuple[str, int, tuple[int, ...] | None]]
+    ) -> tuple[list[PartitionResult], Change]:
+        """Kafka's AlterPartitionReassignments: each partition moves towards its target
+        (None: back to its original replicas, cancelling the reassignment in progress).
+        The replicas become the target then the replicas to remove; the new ones catch up
+        as followers, and once the whole target is in the ISR ``complete_reassignments``
+        drops the others. A target that names an unknown broker, a broker twice or none is
+        refused whole (INVALID_REPLICA_ASSIGNMENT), as is a cancel with nothing to cancel."""
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        results = []
+        for name, index, target in reassignments:
+            found = self._find_partition(name, index)
+            if isinstance(found, PartitionResult):
+                results.append(found)
+                continue
+            topic_id, state = found
+            state = updates.get(topic_id, {}).get(index, state)
+            try:
+                new = self._reassigned(state, target)
+            except KafkaError as error:
+                results.append(PartitionResult(name, index, error.code, str(error)))
+                continue
+            if new is not None:
+                updates.setdefault(topic_id, {})[index] = new
+            results.append(PartitionResult(name, index, ErrorCode.NONE, None))
+        return results, self._partition_change(updates)
+
+    def _reassigned(
+        self, state: PartitionState, target: tuple[int, ...] | None
+    ) -> PartitionState | None:
+        if target is None:
+            if not state.reassigning:
+                raise KafkaError(
+                    ErrorCode.NO_REASSIGNMENT_IN_PROGRESS, "no reassignment is in progress"
+                )
+            target = state.original
+        if not target:
+            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "the replica list is empty")
+        if len(set(target)) != len(target):
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"replicas {list(target)} name a broker twice"
+            )
+        unknown = sorted(b for b in target if b not in self.brokers)
+        if unknown:
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"replicas {list(target)} name brokers that are not registered: {unknown}",
+            )
+        original = state.original
+        if target == state.replicas and not state.reassigning:
+            return None
+        removing = tuple(b for b in original if b not in target)
+        replicas = target + removing
+        # A cancel (or a new target) may drop replicas that were being added: they leave the
+        # ISR, and lead no more.
+        isr = tuple(b for b in state.isr if b in replicas)
+        leader, leader_epoch = state.leader, state.leader_epoch
+        if leader != NO_LEADER and leader not in replicas:
+            ineligible = self.fenced | self.shutting_down
+            leader = next((b for b in replicas if b in isr and b not in ineligible), NO_LEADER)
+            leader_epoch += 1
+        moving = replace(
+            state,
+            replicas=replicas,
+            leader=leader,
+            leader_epoch=leader_epoch,
+            isr=isr,
+            adding=tuple(b for b in target if b not in original),
+            removing=removing,
+            partition_epoch=state.partition_epoch + 1,
+        )
+        finished = self._finished(moving)
+        # One write, one epoch: the znode's version stays partition_epoch - 1.
+        return (
+            moving
+            if finished is None
+            else replace(finished, partition_epoch=moving.partition_epoch)
+        )
+
+    def complete_reassignments(self, limit: int = 500) -> Change | None:
+        """Up to ``limit`` reassignments whose whole target is in the ISR, finished, or
+        None when there are none: the replicas become the target, the removed ones leave
+        the ISR, and a leader outside the target hands over to the first target replica in
+        the ISR."""
+        updates: dict[bytes, dict[int, PartitionState]] = {}
+        found = 0
+        for topic_id, topic in self.topics.items():
+            for index, state in enumerate(topic.partitions):
+                if state.reassigning and (new := self._finished(state)) is not None:
+                    updates.setdefault(topic_id, {})[index] = new
+                    found += 1
+                    if found == limit:
+                        return self._partition_change(updates)
+        return self._partition_change(updates) if updates else None
+
+    def _finished(self, state: PartitionState) -> PartitionState | None:
+        target = state.target
+        if not set(target) <= set(state.isr):
+            return None
+        leader, leader_epoch = state.leader, state.leader_epoch
+        if leader not in target:
+            ineligible = self.fenced | self.shutting_down
+            able = [b for b in target if b not in ineligible]
+            leader = able[0] if able else target[0]
+            leader_epoch += 1
+        return replace(
+            state,
+            replicas=target,
+            leader=leader,
+            leader_epoch=leader_epoch,
+            isr=tuple(b for b in state.isr if b in target),
+            partition_epoch=state.partition_epoch + 1,
+            adding=(),
+            removing=(),
+        )
+
+    @property
+    def reassigning(self) -> bool:
+        return any(p.reassigning for t in self.topics.values() for p in t.partitions)
 
     def alter_partition(
         self, broker_id: int, broker_epoch: int, changes: Iterable[IsrChange]

@@ -120,8 +120,9 @@ class Term:
 
     async def elect(self) -> None:
         """Commit, in chunks, the partition changes the fenced and shutting-down brokers
-        call for, until none is left. The caller holds ``lock``."""
-        while (change := self.state.elect()) is not None:
+        call for, then the reassignments whose target caught up, until none is left. The
+        caller holds ``lock``."""
+        while (change := self.state.elect() or self.state.complete_reassignments()) is not None:
             await self.commit(change)
 
     async def elect_preferred(self, percentage: int) -> int:

@@ -10,7 +10,8 @@ Under the root (``/directlog`` by default)::
     log_defaults                {"configs": {...}}: the cluster-wide defaults of topic configs
     brokers/<id>                {"incarnation_id", "broker_epoch", "listeners", "rack"}
     topics/<topic id>           {"name", "configs", "replicas": [[1, 2, 3], ...]}
-    topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch"}
+    topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch",
+                                 "replicas", "adding", "removing"}
     remote_log                  the remote log metadata of tiered storage (KIP-405)
     remote_log/<topic id>       {"name", "deleted"}: made with the topic's first record
     remote_log/<topic id>/<p>   {"version", "next_offset"}: made with the partition's first
@@ -18,7 +19,9 @@ Under the root (``/directlog`` by default)::
 
 Topic ids are written as Kafka prints them (URL-safe base64, no padding). A partition has a
 state znode only once its state has changed: until then it is in its initial state (first
-replica leads, every replica in sync, epochs 0), which the replicas already say. So a topic
+replica leads, every replica in sync, epochs 0), which the replicas already say. Its
+``replicas``, when there, replace the topic znode's (a reassignment changed them); ``adding``
+and ``removing`` are those of a reassignment in progress (KIP-455). So a topic
 of 10,000 partitions is one znode of a few tens of KB, created in one small transaction, and
 ``partition_epoch > 0`` is exactly "this partition has a state znode".
 
@@ -260,24 +263,33 @@ def decode_topic(data: bytes) -> TopicRecord:
 
 
 def encode_partition(state: PartitionState) -> bytes:
-    return _dump(
-        {
-            "leader": state.leader,
-            "leader_epoch": state.leader_epoch,
-            "isr": list(state.isr),
-            "partition_epoch": state.partition_epoch,
-        }
-    )
+    value: dict[str, Any] = {
+        "leader": state.leader,
+        "leader_epoch": state.leader_epoch,
+        "isr": list(state.isr),
+        "partition_epoch": state.partition_epoch,
+        "replicas": list(state.replicas),
+    }
+    if state.reassigning:
+        value["adding"], value["removing"] = list(state.adding), list(state.removing)
+    return _dump(value)
 
 
 def decode_partition(replicas: tuple[int, ...], data: bytes) -> PartitionState:
+    """``replicas``: the topic znode's, in force unless the partition znode has its own."""
     value = _load(data)
+
+    def brokers(key: str, default: tuple[int, ...] = ()) -> tuple[int, ...]:
+        return tuple(int(b) for b in value[key]) if key in value else default
+
     return PartitionState(
-        replicas,
+        brokers("replicas", replicas),
         int(value["leader"]),
         int(value["leader_epoch"]),
-        tuple(int(b) for b in value["isr"]),
+        brokers("isr"),
         int(value["partition_epoch"]),
+        brokers("adding"),
+        brokers("removing"),
     )
 
 

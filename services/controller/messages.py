@@ -41,6 +41,8 @@ def partition(index: int, state: PartitionState) -> pb.PartitionState:
         leader_epoch=state.leader_epoch,
         isr=state.isr,
         partition_epoch=state.partition_epoch,
+        adding_replicas=state.adding,
+        removing_replicas=state.removing,
     )
 
 

@@ -30,11 +30,30 @@ class BrokerRegistration:
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
+    """During a reassignment (KIP-455) ``replicas`` is the target followed by the replicas
+    being removed; ``adding`` are the target's new ones, which have yet to join the ISR."""
+
     replicas: tuple[int, ...]
     leader: int
     leader_epoch: int
     isr: tuple[int, ...]
     partition_epoch: int
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """The replicas a reassignment moves to (the replicas when none runs)."""
+        return tuple(b for b in self.replicas if b not in self.removing)
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        """The replicas before the reassignment that runs (the replicas when none runs)."""
+        return tuple(b for b in self.replicas if b not in self.adding)
 
     @classmethod
     def initial(cls, replicas: tuple[int, ...]) -> PartitionState:
@@ -51,7 +70,7 @@ class Topic:
 
     @property
     def replication_factor(self) -> int:
-        return len(self.partitions[0].replicas)
+        return len(self.partitions[0].target)
 
 
 class RemoteSegmentState(enum.IntEnum):

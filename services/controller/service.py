@@ -18,7 +18,13 @@ from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc
 from services.controller import layout, messages
-from services.controller.cluster import NO_RECORDS, Change, ClusterState, IsrChange
+from services.controller.cluster import (
+    NO_RECORDS,
+    Change,
+    ClusterState,
+    IsrChange,
+    PartitionResult,
+)
 from services.controller.controller import NOT_ACTIVE, Controller, NotActiveError, Term
 from services.controller.model import Listener, Topic
 
@@ -130,9 +136,10 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                     await term.commit(change)
             except NotActiveError:
                 await self._not_active(context)
-        if change.ops and term.state.shutting_down:
+        if change.ops and (term.state.shutting_down or term.state.reassigning):
             # A shutting-down leader that was its partition's only ISR member may just have
-            # let a follower in: that follower can take the partition over now.
+            # let a follower in: that follower can take the partition over now. A replica
+            # being added may have joined the ISR: its reassignment may be complete.
             term.kick()
         return pb.AlterPartitionReply(
             results=[
@@ -180,6 +187,58 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             remaining,
         )
         return pb.ControlledShutdownReply(remaining_leaderships=remaining)
+
+    async def AlterPartitionReassignments(
+        self, request: pb.AlterPartitionReassignmentsRequest, context: Context
+    ) -> pb.PartitionResults:
+        """Committed before the answer; the reconciler finishes each once its target
+        caught up."""
+        wanted = [
+            (r.topic, r.partition, None if r.cancel else tuple(r.replicas))
+            for r in request.reassignments
+        ]
+        with self._metrics.rpc("AlterPartitionReassignments"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    results, change = term.state.reassign(wanted)
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        for (topic, partition, target), result in zip(wanted, results, strict=True):
+            if result.error is ErrorCode.NONE:
+                log.info("reassigning %s-%d to %s", topic, partition, target or "its original")
+            else:
+                log.info("reassignment of %s-%d refused: %s", topic, partition, result.message)
+        term.kick()  # a target already in the ISR finishes at once
+        return _partition_results(results)
+
+    async def ElectLeaders(
+        self, request: pb.ElectLeadersRequest, context: Context
+    ) -> pb.PartitionResults:
+        partitions = (
+            None if request.all_partitions else [(p.topic, p.partition) for p in request.partitions]
+        )
+        with self._metrics.rpc("ElectLeaders"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        results, change = term.state.elect_leaders(
+                            request.election_type, partitions, self._controller.clock()
+                        )
+                    except KafkaError as exc:
+                        return pb.PartitionResults(
+                            results=[
+                                pb.PartitionResult(error_code=exc.code, error_message=str(exc))
+                            ]
+                        )
+                    await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        if change.leader_elections:
+            log.info("ElectLeaders: %d partitions have a new leader", change.leader_elections)
+        return _partition_results(results)
 
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: Context
@@ -505,3 +564,17 @@ def _refuse(name: str, why: str) -> TopicPlan:
         raise KafkaError(ErrorCode.INVALID_REQUEST, f"topic {name!r} {why}")
 
     return run
+
+
+def _partition_results(results: Iterable[PartitionResult]) -> pb.PartitionResults:
+    return pb.PartitionResults(
+        results=[
+            pb.PartitionResult(
+                topic=r.topic,
+                partition=r.partition,
+                error_code=r.error,
+                error_message=r.message or "",
+            )
+            for r in results
+        ]
+    )

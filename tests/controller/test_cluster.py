@@ -7,6 +7,8 @@ Changes are applied the way the controller applies them after a commit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from directlog.protocol.errors import ErrorCode, KafkaError
@@ -417,3 +419,93 @@ def test_alter_configs_replacing_leaves_only_the_named_overrides() -> None:
             state.alter_configs("t", set_configs, delete, replace_all=True)
         assert refused.value.code in (ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_REQUEST)
     assert state.topics[topic_id].configs == {}
+
+
+# Reassignments (KIP-455) and ElectLeaders (KIP-460) ---------------------------------------
+
+
+def test_a_reassignment_adds_first_and_removes_once_the_target_is_in_sync() -> None:
+    state, topic_id = with_topic([(1, 2)])
+    (result,), change = state.reassign([("t", 0, (3, 2))])
+    assert result.error is ErrorCode.NONE
+    commit(state, change)
+    moving = state.topics[topic_id].partitions[0]
+    assert (moving.replicas, moving.adding, moving.removing) == ((3, 2, 1), (3,), (1,))
+    assert (moving.leader, moving.isr) == (1, (1, 2))  # the old leader leads until the end
+    assert state.complete_reassignments() is None  # 3 has not caught up
+    _, change = state.alter_partition(1, 1, [isr_change(topic_id, (1, 2, 3), 0, 1)])
+    commit(state, change)
+    done = state.complete_reassignments()
+    assert done is not None
+    commit(state, done)
+    assert state.topics[topic_id].partitions[0] == PartitionState((3, 2), 3, 1, (2, 3), 3)
+    assert state.complete_reassignments() is None
+
+
+def test_a_target_already_in_sync_finishes_at_once_and_a_cancel_goes_back() -> None:
+    state, topic_id = with_topic([(1, 2, 3)])
+    _, change = state.reassign([("t", 0, (2, 1))])  # a replica fewer: 2 and 1 are in sync
+    commit(state, change)
+    assert state.topics[topic_id].partitions[0] == PartitionState((2, 1), 1, 0, (1, 2), 1)
+
+    _, change = state.reassign([("t", 0, (2, 4))])
+    commit(state, change)
+    assert state.topics[topic_id].partitions[0].adding == (4,)
+    (result,), change = state.reassign([("t", 0, None)])
+    assert result.error is ErrorCode.NONE
+    commit(state, change)
+    back = state.topics[topic_id].partitions[0]
+    assert (back.replicas, back.isr, back.adding, back.removing) == ((2, 1), (1, 2), (), ())
+
+
+def test_bad_reassignments_are_refused_and_write_nothing() -> None:
+    state, _ = with_topic([(1, 2)])
+    results, change = state.reassign(
+        [
+            ("t", 0, (1, 9)),
+            ("t", 0, (1, 1)),
+            ("t", 0, ()),
+            ("t", 3, (1, 2)),
+            ("nope", 0, (1, 2)),
+            ("t", 0, None),
+        ]
+    )
+    assert [r.error for r in results] == [
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
+    ]
+    assert "not registered: [9]" in (results[0].message or "")
+    assert change.ops == ()
+
+
+def test_elect_leaders_preferred_and_unclean() -> None:
+    state, topic_id = with_topic([(1, 2), (2, 1)], isr=[(1, 2), (2,)])
+    state.last_seen = dict.fromkeys(state.brokers, 1.0)  # heard from since the takeover
+    state.topics[topic_id] = replace(
+        state.topics[topic_id],
+        partitions=(
+            replace(state.topics[topic_id].partitions[0], leader=2),
+            replace(state.topics[topic_id].partitions[1], leader=NO_LEADER, isr=()),
+        ),
+    )
+    results, change = state.elect_leaders(0, [("t", 0), ("t", 1), ("x", 0)], now=1.0)
+    assert [(r.partition, r.error) for r in results] == [
+        (0, ErrorCode.NONE),
+        (1, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE),
+        (0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
+    commit(state, change)
+    assert state.topics[topic_id].partitions[0].leader == 1
+    results, change = state.elect_leaders(0, None, now=1.0)  # all: only changes reported
+    assert results == [] and change.ops == ()
+    results, change = state.elect_leaders(1, [("t", 0), ("t", 1)], now=1.0)
+    assert [r.error for r in results] == [ErrorCode.ELECTION_NOT_NEEDED, ErrorCode.NONE]
+    commit(state, change)
+    unclean = state.topics[topic_id].partitions[1]
+    assert (unclean.leader, unclean.isr) == (2, (2,))
+    with pytest.raises(KafkaError):
+        state.elect_leaders(5, None, now=1.0)

@@ -63,6 +63,14 @@ def test_records_round_trip() -> None:
     assert layout.decode_log_defaults(layout.encode_log_defaults(defaults)) == defaults
     state = PartitionState((1, 2, 3), 2, 4, (2, 3), 9)
     assert layout.decode_partition((1, 2, 3), layout.encode_partition(state)) == state
+    # moved by a reassignment: the partition znode's replicas replace the topic znode's
+    moving = PartitionState((4, 2, 1, 3), 2, 4, (2, 3, 1), 10, adding=(4,), removing=(1, 3))
+    assert layout.decode_partition((1, 2, 3), layout.encode_partition(moving)) == moving
+    moved = PartitionState((4, 2), 2, 4, (2, 4), 11)
+    assert layout.decode_partition((1, 2, 3), layout.encode_partition(moved)) == moved
+    # written before partition znodes held replicas: the topic znode's are in force
+    old = b'{"leader":2,"leader_epoch":4,"isr":[2,3],"partition_epoch":9}'
+    assert layout.decode_partition((1, 2, 3), old) == state
     record = ControllerRecord(2, "127.0.0.1:9190", 6)
     assert layout.decode_controller(layout.encode_controller(record)) == record
     assert layout.decode_epoch(layout.encode_epoch(12)) == 12
@@ -76,7 +84,7 @@ def test_records_round_trip() -> None:
 
 def test_a_partition_state_znode_is_small() -> None:
     state = PartitionState((1, 2, 3), 1, 0, (1, 2, 3), 1)
-    assert len(layout.encode_partition(state)) < 80
+    assert len(layout.encode_partition(state)) < 100
 
 
 @pytest.mark.parametrize("data", [b"[]", b"{", b'{"epoch": "x"}'])

@@ -23,6 +23,7 @@ from tests.e2e.service_process import METRICS_LINE, ServiceProcess
 from tests.ports import free_port
 
 _BOOTSTRAP = re.compile(r"^\s*bootstrap servers\s+(\S+:\d+)\s*$", re.MULTILINE)
+_LISTENER = re.compile(r"^\s*listener (\S+)\s+\S+:\d+, advertised (\S+:\d+)\s*$", re.MULTILINE)
 
 
 class BrokerProcess(ServiceProcess):
@@ -51,6 +52,7 @@ class BrokerProcess(ServiceProcess):
         self.kafka_port = free_port()  # numbers from loopback serve in a namespace too
         self.metrics_port = free_port()
         self.bootstrap = ""
+        self.listeners: dict[str, str] = {}  # name: advertised host:port
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "services.broker", "--host", self.host]
@@ -67,6 +69,7 @@ class BrokerProcess(ServiceProcess):
         bootstrap, metrics = _BOOTSTRAP.search(banner), METRICS_LINE.search(banner)
         if bootstrap and metrics:
             self.bootstrap, self.metrics_url = bootstrap.group(1), metrics.group(1)
+            self.listeners = dict(_LISTENER.findall(banner))
             return True
         return False
 

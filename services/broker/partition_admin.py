@@ -1,0 +1,197 @@
+"""Kafka's ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments: what
+`kafka-leader-election`, `kafka-reassign-partitions` and the `directlog` CLI send. The first
+two are carried out by the controller, the answer waiting (bounded) until this broker's image
+shows the outcome; the list is answered from the image, where a reassignment in progress
+shows as adding and removing replicas (KIP-455)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from directlog.protocol.api import APIS, ApiKey, RequestHeader
+from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.rpc import controller_pb2 as pb
+from directlog.topics import TopicPartition
+from services.broker.cluster_metadata import ClusterImage
+from services.broker.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+# Send a request to the controller, then wait until `settled(reply)` holds on the image.
+ControllerCall = Callable[[Any, Any, Callable[[Any], bool]], Awaitable[Any]]
+
+
+class PartitionAdmin:
+    def __init__(self, image: ClusterImage, call: ControllerCall, metrics: BrokerMetrics) -> None:
+        self.image = image
+        self.call = call
+        self.metrics = metrics
+
+    def handlers(self) -> dict[int, Callable[[Any, RequestHeader], Awaitable[Any]]]:
+        return {
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
+            ApiKey.ALTER_PARTITION_REASSIGNMENTS: self.alter_partition_reassignments,
+            ApiKey.LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
+        }
+
+    async def elect_leaders(self, request: Any, header: RequestHeader) -> Any:
+        response = APIS[ApiKey.ELECT_LEADERS].response
+        election_type = request.election_type if header.api_version >= 1 else 0
+        wanted = None
+        if request.topic_partitions is not None:
+            wanted = [
+                pb.PartitionRef(topic=t.topic, partition=p)
+                for t in request.topic_partitions
+                for p in t.partitions
+            ]
+
+        def elected(reply: Any) -> bool:
+            return all(self._leader_shown(r) for r in reply.results)
+
+        try:
+            reply = await self.call(
+                lambda s: s.ElectLeaders,
+                pb.ElectLeadersRequest(
+                    election_type=election_type,
+                    all_partitions=wanted is None,
+                    partitions=wanted or [],
+                ),
+                elected,
+            )
+        except KafkaError as error:
+            return response(throttle_time_ms=0, error_code=error.code, replica_election_results=[])
+        if len(reply.results) == 1 and not reply.results[0].topic:  # refused whole
+            return response(
+                throttle_time_ms=0,
+                error_code=reply.results[0].error_code,
+                replica_election_results=[],
+            )
+        by_topic: dict[str, list[Any]] = {}
+        for r in reply.results:
+            self._count("elect_leaders", r)
+            by_topic.setdefault(r.topic, []).append(
+                response.ReplicaElectionResult.PartitionResult(
+                    partition_id=r.partition,
+                    error_code=r.error_code,
+                    error_message=r.error_message or None,
+                )
+            )
+        return response(
+            throttle_time_ms=0,
+            error_code=0,
+            replica_election_results=[
+                response.ReplicaElectionResult(topic=topic, partition_result=results)
+                for topic, results in by_topic.items()
+            ],
+        )
+
+    def _leader_shown(self, result: pb.PartitionResult) -> bool:
+        """An election the controller committed shows as a leader in the image."""
+        if result.error_code:
+            return True
+        info = self.image.partition(TopicPartition(result.topic, result.partition))
+        return info is not None and info.leader >= 0
+
+    async def alter_partition_reassignments(self, request: Any, header: RequestHeader) -> Any:
+        response = APIS[ApiKey.ALTER_PARTITION_REASSIGNMENTS].response
+        wanted = [
+            pb.Reassignment(
+                topic=t.name,
+                partition=p.partition_index,
+                cancel=p.replicas is None,
+                replicas=p.replicas or [],
+            )
+            for t in request.topics
+            for p in t.partitions
+        ]
+        targets = {(w.topic, w.partition): w for w in wanted}
+
+        def shown(reply: Any) -> bool:
+            return all(
+                r.error_code or self._reassignment_shown(targets[(r.topic, r.partition)])
+                for r in reply.results
+            )
+
+        try:
+            reply = await self.call(
+                lambda s: s.AlterPartitionReassignments,
+                pb.AlterPartitionReassignmentsRequest(reassignments=wanted),
+                shown,
+            )
+        except KafkaError as error:
+            return response(
+                throttle_time_ms=0,
+                allow_replication_factor_change=True,
+                error_code=error.code,
+                error_message=str(error),
+                responses=[],
+            )
+        by_topic: dict[str, list[Any]] = {}
+        for r in reply.results:
+            self._count("alter_partition_reassignments", r)
+            by_topic.setdefault(r.topic, []).append(
+                response.ReassignableTopicResponse.ReassignablePartitionResponse(
+                    partition_index=r.partition,
+                    error_code=r.error_code,
+                    error_message=r.error_message or None,
+                )
+            )
+        return response(
+            throttle_time_ms=0,
+            allow_replication_factor_change=True,
+            error_code=0,
+            error_message=None,
+            responses=[
+                response.ReassignableTopicResponse(name=topic, partitions=partitions)
+                for topic, partitions in by_topic.items()
+            ],
+        )
+
+    def _reassignment_shown(self, wanted: pb.Reassignment) -> bool:
+        info = self.image.partition(TopicPartition(wanted.topic, wanted.partition))
+        if info is None:
+            return False
+        if wanted.cancel:
+            return not (info.adding or info.removing)
+        return info.replicas[: len(wanted.replicas)] == tuple(wanted.replicas)
+
+    async def list_partition_reassignments(self, request: Any, header: RequestHeader) -> Any:
+        response = APIS[ApiKey.LIST_PARTITION_REASSIGNMENTS].response
+        if request.topics is None:
+            wanted = [
+                (topic.name, index)
+                for topic in self.image.topics.values()
+                for index in sorted(topic.partitions)
+            ]
+        else:
+            wanted = [(t.name, p) for t in request.topics for p in t.partition_indexes]
+        by_topic: dict[str, list[Any]] = {}
+        for name, index in wanted:
+            info = self.image.partition(TopicPartition(name, index))
+            if info is None or not (info.adding or info.removing):
+                continue  # Kafka lists only the partitions being reassigned
+            by_topic.setdefault(name, []).append(
+                response.OngoingTopicReassignment.OngoingPartitionReassignment(
+                    partition_index=index,
+                    replicas=list(info.replicas),
+                    adding_replicas=list(info.adding),
+                    removing_replicas=list(info.removing),
+                )
+            )
+        return response(
+            throttle_time_ms=0,
+            error_code=0,
+            error_message=None,
+            topics=[
+                response.OngoingTopicReassignment(name=name, partitions=partitions)
+                for name, partitions in by_topic.items()
+            ],
+        )
+
+    def _count(self, api: str, result: pb.PartitionResult) -> None:
+        if result.error_code:
+            code = ErrorCode(result.error_code)
+            self.metrics.request_error(api, code)
+            log.info("%s %s-%d: %s", api, result.topic, result.partition, result.error_message)
