@@ -101,6 +101,16 @@ clean:
 	find directlog -name '*.so' -delete
 	rm -f directlog/rpc/*_pb2*.py directlog/rpc/*_pb2*.pyi
 
+# ---- Container images (issue 26) ----------------------------------------------------------
+# directlog/{broker,controller,consensus,tiering,spark}:<version>, built offline by
+# deploy/images/build.py in Debian's docker.io engine (installed and started when missing)
+# on a debootstrap base made once; `make images BASE_IMAGE=debian:bookworm-slim` builds on
+# the public base instead. A second run with nothing changed reuses every cached layer.
+.PHONY: images
+images:
+	$(PYTHON) deploy/images/build.py
+# ---- end of container images --------------------------------------------------------------
+
 # ---- Helm chart (issue 26) ----------------------------------------------------------------
 # deploy/helm/directlog: `helm lint --strict`, then its static tests (tests/chart/: renders
 # of every scenario against the Kubernetes schemas of 1.29 and 1.37 and the CRDs' schemas,
