@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
+from tests.e2e.ensemble import Ensemble, KazooClients
 
 RDKAFKA_LOG = logging.getLogger("e2e.librdkafka")
 
@@ -205,3 +206,37 @@ def clients() -> Iterator[Clients]:
         yield made
     finally:
         made.close()
+
+
+# A consensus ensemble shared by a module's kazoo tests, clients on it, and a znode prefix of
+# each test's own ------------------------------------------------------------------------
+
+KAZOO_WAIT = 30.0  # bound of every wait of a kazoo client on the ensemble
+
+
+@pytest.fixture(scope="module")
+def ens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
+    """A three-member ensemble serving; every member must exit 0 when stopped."""
+    ensemble = Ensemble(tmp_path_factory.mktemp("ensemble")).start()
+    try:
+        ensemble.wait_serving()
+        yield ensemble
+    finally:
+        ensemble.stop()
+    assert all(codes == [0] for codes in ensemble.exit_codes.values()), ensemble.exit_codes
+
+
+@pytest.fixture
+def zk(ens: Ensemble) -> Iterator[KazooClients]:
+    clients = KazooClients(ens.hosts, KAZOO_WAIT)
+    try:
+        yield clients
+    finally:
+        clients.close()
+
+
+@pytest.fixture
+def base(request: pytest.FixtureRequest) -> str:
+    """A znode prefix of this test's own (not created)."""
+    name = re.sub(r"[^a-zA-Z0-9_-]+", "-", request.node.name).strip("-")[:60]
+    return f"/{name}-{uuid.uuid4().hex[:8]}"

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -82,33 +81,6 @@ WAIT = 20.0  # bound of every wait for something the ensemble must do
 
 
 # -- fixtures ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
-    ensemble = Ensemble(tmp_path_factory.mktemp("kazoo-ensemble")).start()
-    try:
-        ensemble.wait_serving()
-        yield ensemble
-    finally:
-        ensemble.stop()
-    assert all(codes == [0] for codes in ensemble.exit_codes.values()), ensemble.exit_codes
-
-
-@pytest.fixture
-def zk(ens: Ensemble) -> Iterator[KazooClients]:
-    clients = KazooClients(ens.hosts, WAIT)
-    try:
-        yield clients
-    finally:
-        clients.close()
-
-
-@pytest.fixture
-def base(request: pytest.FixtureRequest) -> str:
-    """A znode prefix of this test's own (not created)."""
-    name = re.sub(r"[^a-zA-Z0-9_-]+", "-", request.node.name).strip("-")[:60]
-    return f"/{name}-{uuid.uuid4().hex[:8]}"
 
 
 def members(ens: Ensemble) -> tuple[int, list[int]]:

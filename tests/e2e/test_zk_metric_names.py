@@ -13,11 +13,8 @@ duration.
 
 from __future__ import annotations
 
-import re
 import threading
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,8 +32,6 @@ from tests.consensus.test_zk_metric_names import (
 from tests.e2e.ensemble import Ensemble, KazooClients, wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-WAIT = 30.0  # bound of every wait for something the ensemble must do
 
 
 class Scrape:
@@ -64,32 +59,6 @@ class Scrape:
 
 def scrapes(ens: Ensemble) -> dict[int, Scrape]:
     return {i: Scrape(ens, i) for i in ens.running()}
-
-
-@pytest.fixture(scope="module")
-def ens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
-    ensemble = Ensemble(tmp_path_factory.mktemp("zk-metrics-ensemble")).start()
-    try:
-        ensemble.wait_serving()
-        yield ensemble
-    finally:
-        ensemble.stop()
-    assert all(codes == [0] for codes in ensemble.exit_codes.values()), ensemble.exit_codes
-
-
-@pytest.fixture
-def zk(ens: Ensemble) -> Iterator[KazooClients]:
-    clients = KazooClients(ens.hosts, WAIT)
-    try:
-        yield clients
-    finally:
-        clients.close()
-
-
-@pytest.fixture
-def base(request: pytest.FixtureRequest) -> str:
-    name = re.sub(r"[^a-zA-Z0-9_-]+", "-", request.node.name).strip("-")[:60]
-    return f"/{name}-{uuid.uuid4().hex[:8]}"
 
 
 def walk(client: KazooClient, path: str = "/") -> list[tuple[str, bytes, ZnodeStat]]:
