@@ -68,16 +68,13 @@ class PartitionAdmin:
                 error_code=reply.results[0].error_code,
                 replica_election_results=[],
             )
-        by_topic: dict[str, list[Any]] = {}
-        for r in reply.results:
-            self._count("elect_leaders", r)
-            by_topic.setdefault(r.topic, []).append(
-                response.ReplicaElectionResult.PartitionResult(
-                    partition_id=r.partition,
-                    error_code=r.error_code,
-                    error_message=r.error_message or None,
-                )
-            )
+        by_topic = self._by_topic(
+            "elect_leaders",
+            reply,
+            lambda index, code, message: response.ReplicaElectionResult.PartitionResult(
+                partition_id=index, error_code=code, error_message=message
+            ),
+        )
         return response(
             throttle_time_ms=0,
             error_code=0,
@@ -128,23 +125,21 @@ class PartitionAdmin:
                 error_message=str(error),
                 responses=[],
             )
-        by_topic: dict[str, list[Any]] = {}
-        for r in reply.results:
-            self._count("alter_partition_reassignments", r)
-            by_topic.setdefault(r.topic, []).append(
-                response.ReassignableTopicResponse.ReassignablePartitionResponse(
-                    partition_index=r.partition,
-                    error_code=r.error_code,
-                    error_message=r.error_message or None,
-                )
-            )
+        topic_response = response.ReassignableTopicResponse
+        by_topic = self._by_topic(
+            "alter_partition_reassignments",
+            reply,
+            lambda index, code, message: topic_response.ReassignablePartitionResponse(
+                partition_index=index, error_code=code, error_message=message
+            ),
+        )
         return response(
             throttle_time_ms=0,
             allow_replication_factor_change=True,
             error_code=0,
             error_message=None,
             responses=[
-                response.ReassignableTopicResponse(name=topic, partitions=partitions)
+                topic_response(name=topic, partitions=partitions)
                 for topic, partitions in by_topic.items()
             ],
         )
@@ -190,8 +185,17 @@ class PartitionAdmin:
             ],
         )
 
-    def _count(self, api: str, result: pb.PartitionResult) -> None:
-        if result.error_code:
-            code = ErrorCode(result.error_code)
-            self.metrics.request_error(api, code)
-            log.info("%s %s-%d: %s", api, result.topic, result.partition, result.error_message)
+    def _by_topic(
+        self, api: str, reply: pb.PartitionResults, result: Callable[..., Any]
+    ) -> dict[str, list[Any]]:
+        """The controller's per-partition answers as `result(index, error_code,
+        error_message)`, by topic name; each refusal counted and logged once."""
+        by_topic: dict[str, list[Any]] = {}
+        for r in reply.results:
+            if r.error_code:
+                self.metrics.request_error(api, ErrorCode(r.error_code))
+                log.info("%s %s-%d: %s", api, r.topic, r.partition, r.error_message)
+            by_topic.setdefault(r.topic, []).append(
+                result(r.partition, r.error_code, r.error_message or None)
+            )
+        return by_topic
