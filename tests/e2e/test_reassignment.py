@@ -103,6 +103,8 @@ def test_a_stuck_reassignment_is_listed_and_cancelled(tmp_path: Path, clients) -
         (offline,) = {0, 1, 2} - set(before["replicas"])
         cluster.brokers[offline].stop()  # registered, but cannot catch up
         admin.close()
+        # fenced, so Metadata no longer sends clients to it
+        cluster.wait_live({0, 1, 2} - {offline})
         admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
         target = [before["replicas"][0], offline]
         assert admin.alter_partition_reassignments({TopicPartition(TOPIC, 0): target}) == {
