@@ -586,8 +586,7 @@ class ClusterState:
         isr = tuple(b for b in state.isr if b in replicas)
         leader, leader_epoch = state.leader, state.leader_epoch
         if leader != NO_LEADER and leader not in replicas:
-            ineligible = self.fenced | self.shutting_down
-            leader = next((b for b in replicas if b in isr and b not in ineligible), NO_LEADER)
+            leader = self._able_leader(replicas, isr)
             leader_epoch += 1
         moving = replace(
             state,
@@ -606,6 +605,11 @@ class ClusterState:
             if finished is None
             else replace(finished, partition_epoch=moving.partition_epoch)
         )
+
+    def _able_leader(self, replicas: Sequence[int], isr: Collection[int]) -> int:
+        """The first of ``replicas`` in ``isr`` that is neither fenced nor shutting down."""
+        ineligible = self.fenced | self.shutting_down
+        return next((b for b in replicas if b in isr and b not in ineligible), NO_LEADER)
 
     def complete_reassignments(self, limit: int = 500) -> Change | None:
         """Up to ``limit`` reassignments whose whole target is in the ISR, finished, or
@@ -629,9 +633,7 @@ class ClusterState:
             return None
         leader, leader_epoch = state.leader, state.leader_epoch
         if leader not in target:
-            ineligible = self.fenced | self.shutting_down
-            able = [b for b in target if b not in ineligible]
-            leader = able[0] if able else target[0]
+            leader = self._able_leader(target, state.isr)
             leader_epoch += 1
         return replace(
             state,
@@ -643,10 +645,6 @@ class ClusterState:
             adding=(),
             removing=(),
         )
-
-    @property
-    def reassigning(self) -> bool:
-        return any(p.reassigning for t in self.topics.values() for p in t.partitions)
 
     def alter_partition(
         self, broker_id: int, broker_epoch: int, changes: Iterable[IsrChange]

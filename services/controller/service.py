@@ -136,7 +136,8 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                     await term.commit(change)
             except NotActiveError:
                 await self._not_active(context)
-        if change.ops and (term.state.shutting_down or term.state.reassigning):
+        moving = any(r.state is not None and r.state.reassigning for r in results)
+        if change.ops and (term.state.shutting_down or moving):
             # A shutting-down leader that was its partition's only ISR member may just have
             # let a follower in: that follower can take the partition over now. A replica
             # being added may have joined the ISR: its reassignment may be complete.
