@@ -169,7 +169,9 @@ def test_broker_and_sidecar_share_the_store(
 
 
 @pytest.mark.parametrize("name", ["default", "consensus-5"])
-def test_consensus_members_from_ordinals(name: str, tmp_path: Path) -> None:
+def test_consensus_members_from_ordinals(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     manifests = scenario(name)
     size = SCENARIOS[name].get("consensus", {}).get("replicaCount", 3)
     sts = one(manifests, "StatefulSet", component("consensus"))
@@ -189,7 +191,9 @@ def test_consensus_members_from_ordinals(name: str, tmp_path: Path) -> None:
         [call] = run_container(container, facts, workdir, ["directlog-consensus"], files)
         assert call.argv[:3] == ["directlog-consensus", "--id", str(ordinal + 1)]
         config = Path(call.argv[call.argv.index("--config") + 1])
-        settings = ConsensusSettings.load(config)
+        # as ConsensusSettings.load(config) reads it, without leaving the variable behind
+        monkeypatch.setenv(ConsensusSettings.config_env, str(config))
+        settings = ConsensusSettings()
         assert sorted(settings.members) == list(range(1, size + 1))
         for member_id, addresses in settings.members.items():
             host = "0.0.0.0" if member_id == ordinal + 1 else _host("consensus", member_id - 1)
