@@ -4,6 +4,7 @@ overrides, then ``DIRECTLOG_*`` environment variables, then a YAML file."""
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -12,6 +13,10 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     YamlConfigSettingsSource,
 )
+
+# The YAML file `load` was given, seen by the sources while that one call builds the settings
+# (the process environment stays as it was).
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("config_file", default=None)
 
 
 class ServiceSettings(BaseSettings):
@@ -30,7 +35,7 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get(cls.config_env)
+        config_file = _CONFIG_FILE.get() or os.environ.get(cls.config_env)
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
@@ -39,6 +44,8 @@ class ServiceSettings(BaseSettings):
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Self:
         """Settings from ``config_file`` (when given), the environment and ``overrides``
         (None values are left out, so unset command-line flags change nothing)."""
-        if config_file is not None:
-            os.environ[cls.config_env] = str(config_file)
-        return cls(**{k: v for k, v in overrides.items() if v is not None})
+        token = _CONFIG_FILE.set(config_file)
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})
+        finally:
+            _CONFIG_FILE.reset(token)
