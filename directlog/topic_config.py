@@ -9,7 +9,9 @@ field, type and bounds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +67,11 @@ class LogConfig:
     remote_log_delete_on_disable: bool = False  # remote.storage.enable=false deletes it
     # Whether consumers older than the v2 record format (Fetch v0-3) are served, converted.
     message_downconversion_enable: bool = True
+    # Replication throttles (kafka-reassign-partitions --throttle): the replicas whose
+    # replication the brokers' leader / follower throttle rates limit, as Kafka writes them
+    # ("partition:broker,..." or "*"), kept as set. ``throttled_replicas`` reads them.
+    leader_replication_throttled_replicas: str = ""
+    follower_replication_throttled_replicas: str = ""
 
     @property
     def compact(self) -> bool:
@@ -103,6 +110,10 @@ class LogConfig:
             field_name, parse, minimum, maximum = spec
             try:
                 value = parse(raw)
+            except InvalidConfigError as exc:
+                raise InvalidConfigError(
+                    f"Invalid value {raw} for configuration {name}: {exc}"
+                ) from None
             except (ValueError, KeyError) as exc:
                 raise InvalidConfigError(f"{name}: cannot parse {raw!r}") from exc
             if minimum is not None and value < minimum:
@@ -152,6 +163,57 @@ class LogConfig:
             else:
                 out[name] = str(value)
         return out
+
+
+ALL_REPLICAS = "*"  # a throttled replicas list that names every replica
+_REPLICA = re.compile(r"[0-9]+:[0-9]+")  # partitionId:brokerId, ASCII digits as Kafka's
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottledReplicas:
+    """A ``*.replication.throttled.replicas`` value read: every replica, or the named
+    (partition, broker) pairs."""
+
+    every: bool
+    pairs: frozenset[tuple[int, int]]
+
+    def throttles(self, partition: int, broker: int) -> bool:
+        """Whether the replica of ``partition`` on ``broker`` is throttled. Kafka reads the
+        leader list on each broker for its own id (the replicas that send from there) and
+        the follower list the same way (the replicas that fetch there)."""
+        return self.every or (partition, broker) in self.pairs
+
+
+@functools.lru_cache(maxsize=4096)
+def throttled_replicas(value: str) -> ThrottledReplicas:
+    """A valid ``*.replication.throttled.replicas`` value (from ``LogConfig``), read; cached,
+    since the fetch path asks for every partition of every follower fetch."""
+    return _parse_throttled_replicas(value)
+
+
+def _parse_throttled_replicas(raw: str) -> ThrottledReplicas:
+    """Kafka's ThrottledReplicaListValidator: a list (comma-separated, blanks around items
+    ignored) of ``partitionId:brokerId``, empty items allowed, or the literal ``*``."""
+    items = [item.strip() for item in raw.split(",")]
+    if "".join(items) == ALL_REPLICAS:
+        return ThrottledReplicas(True, frozenset())
+    pairs = set()
+    for item in items:
+        if not item:
+            continue
+        if _REPLICA.fullmatch(item) is None:
+            raise InvalidConfigError(
+                "must be the literal '*' or a list of replicas in the following format: "
+                "[partitionId]:[brokerId],[partitionId]:[brokerId],..."
+            )
+        partition, broker = item.split(":")
+        pairs.add((int(partition), int(broker)))
+    return ThrottledReplicas(False, frozenset(pairs))
+
+
+def _check_throttled_replicas(raw: str) -> str:
+    _parse_throttled_replicas(raw)
+    return raw
 
 
 def flag(properties: Mapping[str, str], name: str) -> bool:
@@ -215,5 +277,23 @@ _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
     "remote.log.copy.disable": ("remote_log_copy_disable", _parse_bool, None, None),
     "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _parse_bool, None, None),
     "message.downconversion.enable": ("message_downconversion_enable", _parse_bool, None, None),
+    "leader.replication.throttled.replicas": (
+        "leader_replication_throttled_replicas",
+        _check_throttled_replicas,
+        None,
+        None,
+    ),
+    "follower.replication.throttled.replicas": (
+        "follower_replication_throttled_replicas",
+        _check_throttled_replicas,
+        None,
+        None,
+    ),
 }
 CONFIG_NAMES = frozenset(_PROPERTIES)  # every topic config, Kafka names
+# Topic configs a broker has no log.* default of (Kafka has no broker synonym for them): the
+# throttled replicas name partitions of one topic.
+TOPIC_ONLY_CONFIGS = frozenset(
+    {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
+)
+BROKER_DEFAULT_NAMES = CONFIG_NAMES - TOPIC_ONLY_CONFIGS  # what log.<name> can set

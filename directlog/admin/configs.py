@@ -56,13 +56,18 @@ def topic_overrides(session: Session, topics: Iterable[str]) -> dict[str, dict[s
 
 
 def broker_values(session: Session, broker: int, keys: Iterable[str]) -> dict[str, str]:
-    """The values broker `broker` reports for `keys` (those it knows and has set)."""
+    """The values of `keys` set on broker `broker` itself (Kafka's per-broker dynamic
+    configs), as it reports them; defaults and the cluster-wide ones are left out."""
     resource = ConfigResource(ConfigResourceType.BROKER, str(broker), list(keys))
     described = session.api(
         "DescribeConfigs", lambda: session.kafka.describe_configs([resource], config_filter="all")
     )
     entries = described.get("broker", {}).get(str(broker), {})
-    return {k: str(e["value"]) for k, e in entries.items() if e.get("value") not in (None, "")}
+    return {
+        k: str(e["value"])
+        for k, e in entries.items()
+        if e.get("value") not in (None, "") and e.get("config_source") == "DYNAMIC_BROKER_CONFIG"
+    }
 
 
 def alter(

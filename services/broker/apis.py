@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
+from directlog.broker_config import BROKER_CONFIG_NAMES, LONG_MAX
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.produce import PartitionData as ProducePartitionData
@@ -34,7 +35,7 @@ from directlog.records.batch import (
 from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
-from directlog.topic_config import CONFIG_NAMES, flag
+from directlog.topic_config import BROKER_DEFAULT_NAMES, flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.cluster_metadata import ClusterImage
@@ -69,6 +70,7 @@ LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE = 0, 1
 CONFIG_SOURCE_TOPIC = 1  # Kafka's ConfigSource: a topic's override
+CONFIG_SOURCE_DYNAMIC_BROKER = 2  # one broker's own (AlterConfigs of broker "<id>")
 CONFIG_SOURCE_DYNAMIC_DEFAULT = 3  # the cluster-wide default (AlterConfigs of broker "")
 CONFIG_SOURCE_STATIC = 4  # the broker's settings (log_defaults)
 CONFIG_SOURCE_DEFAULT = 5  # built in
@@ -76,6 +78,7 @@ LOG_PREFIX = "log."  # a broker names the default of topic config X log.X
 IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
+_LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES)
 
 
 # The listener the request being handled came in through (set by the server for each
@@ -115,6 +118,16 @@ class _RemoteFetch(NamedTuple):
     offset: int
     max_bytes: int
     min_one_batch: bool
+
+
+class _FetchRead(NamedTuple):
+    """One pass of a fetch over its partitions."""
+
+    topics: list[TopicData]
+    total: int  # bytes read
+    failed: bool  # a partition answers an error
+    remote: list[_RemoteFetch]  # partitions to read from the remote store
+    throttled: int  # bytes read under the leader's replication throttle
 
 
 class KafkaApis:
@@ -404,13 +417,16 @@ class KafkaApis:
         max_bytes = request.max_bytes if version >= 3 else 0x7FFFFFFF
         while True:
             waiter = self._data_arrived
-            topics, total, failed, remote = self._read_fetch(request, version, max_bytes)
+            read = self._read_fetch(request, version, max_bytes)
             remaining = deadline - time.monotonic()
-            if failed or remote or total >= request.min_bytes or remaining <= 0:
+            if read.failed or read.remote or read.total >= request.min_bytes or remaining <= 0:
                 break
             if not await wait_event(waiter, remaining):
-                topics, total, failed, remote = self._read_fetch(request, version, max_bytes)
+                read = self._read_fetch(request, version, max_bytes)
                 break
+        # Counted once the answer is final, before anything else may read (no await since).
+        self.replicas.quotas.leader.record(read.throttled)
+        topics, remote = read.topics, read.remote
         if remote:
             await self._read_remote(remote, version)
         if version < 10 and _replica_id(request, version) < 0:
@@ -420,14 +436,17 @@ class KafkaApis:
             self.metrics.fetch_answered(topic.name, topic.partitions, follower)
         return encode_fetch_response(version, ErrorCode.NONE, topics)
 
-    def _read_fetch(
-        self, request: Any, version: int, max_bytes: int
-    ) -> tuple[list[TopicData], int, bool, list[_RemoteFetch]]:
+    def _read_fetch(self, request: Any, version: int, max_bytes: int) -> _FetchRead:
+        """One pass over the partitions a fetch asks for. A follower outside the ISR of a
+        partition this broker's leader throttle covers gets its data only while the leader
+        quota allows, at most what it allows plus one batch (Kafka leaves it out of the
+        answer; the follower fetches again)."""
         replica = _replica_id(request, version)
+        quotas = self.replicas.quotas
         now = now_ms()
         topics: list[TopicData] = []
         remote: list[_RemoteFetch] = []
-        total = 0
+        total = throttled = 0
         failed = False
         for fetch_topic in request.topics:
             if version >= 13:
@@ -454,6 +473,7 @@ class KafkaApis:
                         name, wanted.partition, wanted.current_leader_epoch if version >= 9 else -1
                     )
                     partition_log = partition.log
+                    throttle = False
                     if replica >= 0:
                         partition.follower_fetched(
                             replica,
@@ -462,6 +482,9 @@ class KafkaApis:
                             wanted.log_start_offset if version >= 5 else -1,
                         )
                         upper = partition_log.log_end_offset
+                        throttle = quotas.leader_throttles(
+                            partition.config, wanted.partition, partition.info.isr, replica
+                        )
                     else:
                         upper = partition_log.high_watermark
                         if version < 4:
@@ -472,6 +495,16 @@ class KafkaApis:
                     # KIP-74 (Fetch v3+): the first partition's first batch goes even past
                     # the limits; before v3 the limits hold.
                     min_one_batch = total == 0 and version >= 3
+                    allowance = quotas.leader.allowance() if throttle else None
+                    if allowance is not None:
+                        allowance -= throttled  # what this answer took already
+                        if allowance <= 0:
+                            data.records = b""
+                            partitions.append(data)
+                            continue
+                        # At least one batch, so a batch above the allowance still goes.
+                        min_one_batch = min_one_batch or budget > 0
+                        budget = min(budget, allowance)
                     read = partition_log.read(
                         wanted.fetch_offset,
                         budget,
@@ -485,6 +518,8 @@ class KafkaApis:
                         # told with a message cut off, and raises its record-too-large error.
                         data.records = overflow(LOG_OVERHEAD)
                     total += read.records.size
+                    if throttle:
+                        throttled += read.records.size
                 except OffsetMovedToTieredStorageError as moved:
                     if replica < 0 and self.remote_reads is not None:
                         tp = TopicPartition(name, wanted.partition)
@@ -517,7 +552,7 @@ class KafkaApis:
                     failed = True
                 partitions.append(data)
             topics.append(TopicData(name, topic_id, partitions))
-        return topics, total, failed, remote
+        return _FetchRead(topics, total, failed, remote, throttled)
 
     async def _read_remote(self, remote: list[_RemoteFetch], version: int) -> None:
         """Fill in the partitions below their local log start from the remote store, waiting
@@ -1179,7 +1214,8 @@ class KafkaApis:
                             name=name,
                             value=value,
                             read_only=resource.resource_type == BROKER_RESOURCE
-                            and not name.startswith(LOG_PREFIX),
+                            and not name.startswith(LOG_PREFIX)
+                            and name not in BROKER_CONFIG_NAMES,
                             config_source=source,
                             is_default=source == CONFIG_SOURCE_DEFAULT,
                             is_sensitive=False,
@@ -1221,7 +1257,15 @@ class KafkaApis:
             values = {
                 LOG_PREFIX + k: (v, self._default_source(k))
                 for k, v in self.image.log_defaults.to_properties().items()
+                if k in BROKER_DEFAULT_NAMES
             }
+            own = self.image.configs_of_broker(self.settings.node_id)
+            for key in BROKER_CONFIG_NAMES if name else ():  # unset: Kafka's default
+                values[key] = (
+                    (own[key], CONFIG_SOURCE_DYNAMIC_BROKER)
+                    if key in own
+                    else (str(LONG_MAX), CONFIG_SOURCE_DEFAULT)
+                )
             for key, value in (
                 ("auto.create.topics.enable", str(self.settings.auto_create_topics).lower()),
                 ("broker.id", str(self.settings.node_id)),
@@ -1291,6 +1335,10 @@ class KafkaApis:
                         "only topic configs and the brokers' log.* defaults can be altered",
                     )
                 altered = alteration(resource)
+                if resource.resource_type == BROKER_RESOURCE and resource.resource_name:
+                    await self._alter_broker_configs(resource.resource_name, altered, validate_only)
+                    answers[item] = (ErrorCode.NONE, None)
+                    continue
                 if resource.resource_type == BROKER_RESOURCE:
                     await self._alter_log_defaults(resource.resource_name, altered, validate_only)
                     answers[item] = (ErrorCode.NONE, None)
@@ -1328,22 +1376,61 @@ class KafkaApis:
             ],
         )
 
+    async def _alter_broker_configs(
+        self, broker: str, alteration: pb.ConfigAlteration, validate_only: bool
+    ) -> None:
+        """One broker's dynamic configs (Kafka's per-broker dynamic configs, broker
+        resource "<id>"): the replication throttle rates, any broker's, stored by the
+        controller; answered once this broker's image shows them. The log.* defaults are
+        cluster-wide only (INVALID_REQUEST), other names are no per-broker config here
+        (INVALID_CONFIG, from the controller). Raises KafkaError."""
+        if not (broker.isascii() and broker.isdigit()) or int(broker) >= 1 << 31:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"broker resource {broker!r}: expected a broker id, or empty for the "
+                "cluster-wide defaults",
+            )
+        log_names = sorted(n for n in (*alteration.set, *alteration.delete) if n in _LOG_NAMES)
+        if log_names:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"broker {broker}: {', '.join(log_names)}: per-broker dynamic configs are not "
+                f"supported but {', '.join(sorted(BROKER_CONFIG_NAMES))}; alter the "
+                'cluster-wide defaults (broker resource "") instead',
+            )
+        broker_id = int(broker)
+        request = pb.AlterBrokerConfigsRequest(
+            broker_id=broker_id,
+            set=dict(alteration.set),
+            delete=list(alteration.delete),
+            replace=alteration.replace,
+            validate_only=validate_only,
+        )
+        reply = await self._controller_topics(
+            lambda s: s.AlterBrokerConfigs,
+            request,
+            lambda reply: (
+                reply.error_code
+                or validate_only
+                or _holds(self.image.configs_of_broker(broker_id), request)
+            ),
+        )
+        if reply.error_code:
+            code = ErrorCode(reply.error_code)
+            raise KafkaError(code, reply.error_message or code.name)
+
     async def _alter_log_defaults(
         self, broker: str, alteration: pb.ConfigAlteration, validate_only: bool
     ) -> None:
         """The cluster-wide defaults of topic configs, Kafka's dynamic default broker
         configs (``--entity-default``): ``log.<topic config>`` only, as DescribeConfigs of a
         broker shows them. Raises KafkaError, the controller's refusals included."""
-        if broker:
-            raise KafkaError(
-                ErrorCode.INVALID_REQUEST,
-                f"broker {broker}: per-broker dynamic configs are not supported; "
-                'alter the cluster-wide defaults (broker resource "") instead',
-            )
+        assert not broker, "per-broker configs go to _alter_broker_configs"
         fixed = sorted(
             name
             for name in (*alteration.set, *alteration.delete)
-            if not name.startswith(LOG_PREFIX) or name.removeprefix(LOG_PREFIX) not in CONFIG_NAMES
+            if not name.startswith(LOG_PREFIX)
+            or name.removeprefix(LOG_PREFIX) not in BROKER_DEFAULT_NAMES
         )
         if fixed:
             raise KafkaError(
@@ -1392,7 +1479,8 @@ class KafkaApis:
 
 
 def _holds(
-    configs: Mapping[str, str], alteration: pb.ConfigAlteration | pb.AlterLogDefaultsRequest
+    configs: Mapping[str, str],
+    alteration: pb.ConfigAlteration | pb.AlterLogDefaultsRequest | pb.AlterBrokerConfigsRequest,
 ) -> bool:
     """Whether ``configs`` show the alteration made."""
     if alteration.replace:

@@ -7,7 +7,8 @@ broker.
 
 A topic's log settings are layered: built-in defaults, the broker's static ``log_defaults``,
 the cluster-wide defaults set through the controller (Kafka's dynamic broker defaults), then
-the topic's overrides (``config_for``).
+the topic's overrides (``config_for``). Every broker's own dynamic configs (Kafka's
+per-broker dynamic configs: the replication throttle rates) come with every update.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class ClusterImage:
         self.controller_id = -1
         self.controller_epoch = -1
         self.brokers: dict[int, BrokerInfo] = {}
+        # Every broker's dynamic configs (the replication throttle rates), Kafka names.
+        self.broker_configs: dict[int, dict[str, str]] = {}
         self.topics: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
 
@@ -112,6 +115,7 @@ class ClusterImage:
         self.brokers = {
             b.broker_id: _broker_info(b, self.inter_broker_listener) for b in update.brokers
         }
+        self.broker_configs = {c.broker_id: dict(c.configs) for c in update.broker_configs}
         change = ImageChange(update.full, [], [], [])
         if update.full:
             wanted = {uuid.UUID(bytes=t.topic_id) for t in update.topics}
@@ -181,6 +185,10 @@ class ClusterImage:
     def partition(self, tp: TopicPartition) -> PartitionInfo | None:
         topic = self.topics.get(tp.topic)
         return topic.partitions.get(tp.partition) if topic is not None else None
+
+    def configs_of_broker(self, broker_id: int) -> dict[str, str]:
+        """Broker ``broker_id``'s dynamic configs (empty: none set)."""
+        return self.broker_configs.get(broker_id, {})
 
     def live_brokers(self) -> list[BrokerInfo]:
         return sorted((b for b in self.brokers.values() if not b.fenced), key=lambda b: b.broker_id)

@@ -11,6 +11,11 @@ A follower of a tiered partition that needs offsets the leader keeps only in the
 store gets OFFSET_MOVED_TO_TIERED_STORAGE: it asks the leader where its local log starts
 (ListOffsets, earliest local) and restarts its log there from the remote state
 (services/broker/tiered/remote_state.py), off the fetch loop, then fetches on.
+
+Replication throttles (services/broker/replication_quota.py): a partition this broker does
+not yet hold in sync and whose topic's follower.replication.throttled.replicas names its
+replica is left out of the fetches while this broker's follower quota is used up; what the
+leader sends for it is counted against the quota.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from directlog.records.errors import CorruptRecordError
 from directlog.topics import TopicPartition
 from directlog.waits import wait_event, within
 from services.broker.partition import Partition
+from services.broker.replication_quota import ReplicationQuotas
 from services.broker.tiered.remote_state import RemoteLogState
 
 with warnings.catch_warnings():
@@ -96,6 +102,8 @@ class ReplicaFetcher:
         self._task: asyncio.Task[None] | None = None
         self.pulled: Callable[[TopicPartition, int], None] | None = None  # bytes appended
         self.remote_state: RemoteLogState | None = None  # set when tiered storage is on
+        self.quotas: ReplicationQuotas | None = None  # the replication throttles
+        self._held = False  # the last round left partitions out for the follower quota
         self._rebuilds: set[asyncio.Task[None]] = set()
 
     def start_push(self, tp: TopicPartition, leader_epoch: int) -> FollowState | None:
@@ -155,7 +163,7 @@ class ReplicaFetcher:
                 await self._truncate(connection)
                 if not await self._fetch(connection):
                     self._changed.clear()
-                    await wait_event(self._changed, backoff)
+                    await wait_event(self._changed, self._idle_wait(backoff))
             except Exception as error:  # never end: the partitions would stop following
                 if isinstance(error, OSError | ConnectionError | TimeoutError | CorruptRecordError):
                     log.info("fetching from broker %d: %r; reconnecting", self.leader_id, error)
@@ -163,6 +171,26 @@ class ReplicaFetcher:
                     log.exception("fetching from broker %d failed; reconnecting", self.leader_id)
                 await self._disconnect()
                 await asyncio.sleep(backoff)
+
+    def _idle_wait(self, backoff: float) -> float:
+        """How long a round with nothing to fetch waits: the back-off, or less when only
+        the follower quota held partitions back and frees up sooner."""
+        if not self._held or self.quotas is None:
+            return backoff
+        return min(backoff, max(self.quotas.follower.seconds_until_allowed(), 0.01))
+
+    def _throttled(self, states: list[FollowState]) -> set[TopicPartition]:
+        """The partitions among ``states`` under the follower throttle."""
+        quotas = self.quotas
+        if quotas is None:
+            return set()
+        return {
+            s.partition.tp
+            for s in states
+            if quotas.follower_throttles(
+                s.partition.config, s.partition.tp.partition, s.partition.info.isr
+            )
+        }
 
     async def _connect(self) -> KafkaConnection | None:
         if self._connection is None:
@@ -277,6 +305,11 @@ class ReplicaFetcher:
     async def _fetch(self, connection: KafkaConnection) -> bool:
         """One fetch round; False when there was nothing to fetch."""
         states = self._ready(truncating=False)
+        throttled = self._throttled(states)
+        self._held = False
+        if throttled and self.quotas is not None and self.quotas.follower.exceeded():
+            states = [s for s in states if s.partition.tp not in throttled]
+            self._held = True
         if not states:
             return False
         offsets = {state.partition.tp: state.partition.log.log_end_offset for state in states}
@@ -306,6 +339,8 @@ class ReplicaFetcher:
             raise ConnectionError(f"fetch answered {_name(code)}")
         for data in fetched:
             tp = TopicPartition(data.topic, data.partition)
+            if tp in throttled and tp in offsets and self.quotas is not None:
+                self.quotas.follower.record(len(data.records))
             state = self.partitions.get(tp)
             if state is None or tp not in offsets or state.truncating or state.pushed:
                 continue

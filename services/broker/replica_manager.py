@@ -28,6 +28,7 @@ from services.broker.controller_link import ControllerLink, ControllerUnavailabl
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.replica_fetcher import FetchSettings, ReplicaFetcher
+from services.broker.replication_quota import ReplicationQuotas
 from services.broker.storage.log_manager import LogManager
 from services.broker.tiered.remote_state import RemoteLogState
 
@@ -54,6 +55,9 @@ class ReplicaManager:
         self.fetch_settings = fetch_settings
         self.partitions: dict[TopicPartition, Partition] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
+        # The replication throttles (leader side in the fetch handler, follower side in the
+        # fetchers), at the rates the image gives this broker.
+        self.quotas = ReplicationQuotas(broker_id, lambda: image.configs_of_broker(broker_id))
         self.link: ControllerLink | None = None
         self._notify = notify
         self.metrics = metrics
@@ -185,6 +189,7 @@ class ReplicaManager:
             )
             fetcher.pulled = self.metrics.pulled
             fetcher.remote_state = self.remote_state
+            fetcher.quotas = self.quotas
         return fetcher
 
     def _address(self, broker_id: int) -> tuple[str, int] | None:

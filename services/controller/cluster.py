@@ -30,8 +30,9 @@ import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from directlog.broker_config import InvalidBrokerConfigError, validate_broker_configs
 from directlog.protocol.errors import ErrorCode, KafkaError
-from directlog.topic_config import InvalidConfigError, LogConfig, flag
+from directlog.topic_config import TOPIC_ONLY_CONFIGS, InvalidConfigError, LogConfig, flag
 from directlog.topics import NO_LEADER, topic_name_error
 from services.controller import layout
 from services.controller.assignment import assign_replicas
@@ -98,6 +99,8 @@ class Change:
     remote_topics: Mapping[bytes, RemoteTopic | None] = field(default_factory=dict)
     remote_partitions: Mapping[tuple[bytes, int], RemotePartition] = field(default_factory=dict)
     log_defaults: Mapping[str, str] | None = None  # the cluster-wide defaults, whole
+    # Per-broker dynamic configs, each changed broker's whole (empty: it has none left).
+    broker_configs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def touches_image(self) -> bool:
@@ -109,6 +112,7 @@ class Change:
             or self.delta.topics
             or self.delta.deleted_topic_ids
             or self.log_defaults is not None
+            or bool(self.broker_configs)
         )
 
 
@@ -164,6 +168,7 @@ class Image:
     next_producer_id: int
     remote_topics: Mapping[bytes, RemoteTopic] = field(default_factory=dict)
     log_defaults: Mapping[str, str] = field(default_factory=dict)
+    broker_configs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -186,6 +191,8 @@ class ClusterState:
         self.next_producer_id = image.next_producer_id
         self.remote_topics = dict(image.remote_topics)
         self.log_defaults = dict(image.log_defaults)
+        # Per-broker dynamic configs by broker id; a broker without any is not here.
+        self.broker_configs = {b: dict(c) for b, c in image.broker_configs.items() if c}
         # The records of the partitions loaded so far, by topic id then partition.
         self.remote_partitions: dict[bytes, dict[int, RemotePartition]] = {}
         self.paths = paths
@@ -895,6 +902,10 @@ class ClusterState:
         INVALID_CONFIG when a topic's overrides would not combine with the result, which
         brokers could then not apply."""
         for name, raw in set_configs.items():
+            if name in TOPIC_ONLY_CONFIGS:
+                raise KafkaError(
+                    ErrorCode.INVALID_CONFIG, f"{name} is a topic config with no broker default"
+                )
             try:
                 LogConfig.from_properties({name: raw})
             except InvalidConfigError as exc:
@@ -913,6 +924,39 @@ class ClusterState:
             return Change(())
         op = SetData(self.paths.log_defaults, layout.encode_log_defaults(defaults))
         return Change((op,), log_defaults=defaults)
+
+    def alter_broker_configs(
+        self,
+        broker_id: int,
+        set_configs: Mapping[str, str],
+        delete: Iterable[str],
+        *,
+        replace_all: bool = False,
+    ) -> Change:
+        """One broker's dynamic configs (Kafka's per-broker dynamic configs: the replication
+        throttle rates), altered as ``alter_configs`` alters a topic's overrides. Any id
+        >= 0, registered or not: Kafka keeps a broker's configs apart from its registration.
+        INVALID_CONFIG for a config that is not a supported per-broker one, or a bad value."""
+        if broker_id < 0:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"broker id {broker_id} is negative")
+        current = self.broker_configs.get(broker_id, {})
+        configs = _altered(current, set_configs, delete, replace_all)
+        try:
+            validate_broker_configs(set_configs)
+        except InvalidBrokerConfigError as exc:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from exc
+        if configs == current:
+            return Change(())
+        path = self.paths.broker_config(broker_id)
+        data = layout.encode_broker_configs(configs)
+        op: StoreOp
+        if not configs:
+            op = Delete(path)
+        elif current:
+            op = SetData(path, data)
+        else:
+            op = Create(path, data)
+        return Change((op,), broker_configs={broker_id: configs})
 
     def _defaults(self) -> LogConfig:
         """What a topic without overrides gets, as far as this controller knows."""
@@ -1180,6 +1224,11 @@ class ClusterState:
             self.next_producer_id = change.next_producer_id
         if change.log_defaults is not None:
             self.log_defaults = dict(change.log_defaults)
+        for broker_id, configs in change.broker_configs.items():
+            if configs:
+                self.broker_configs[broker_id] = dict(configs)
+            else:
+                self.broker_configs.pop(broker_id, None)
         for topic_id in change.delta.deleted_topic_ids:
             self._forget(self.topics.pop(topic_id))
         for topic_id, remote in change.remote_topics.items():

@@ -9,6 +9,8 @@ Under the root (``/directlog`` by default)::
     producer_ids                {"next": N}: the first producer id no block holds yet
     log_defaults                {"configs": {...}}: the cluster-wide defaults of topic configs
     brokers/<id>                {"incarnation_id", "broker_epoch", "listeners", "rack"}
+    broker_configs/<id>         {"configs": {...}}: one broker's dynamic configs, made with
+                                 its first one and deleted with its last
     topics/<topic id>           {"name", "configs", "replicas": [[1, 2, 3], ...]}
     topics/<topic id>/<p>       {"leader", "leader_epoch", "isr", "partition_epoch",
                                  "replicas", "adding", "removing"}
@@ -34,6 +36,10 @@ Segment ids are written like topic ids.
 config names (``retention.ms``, which brokers show as ``log.retention.ms``); a topic's
 ``configs`` are its overrides of them.
 
+``broker_configs/<id>`` holds Kafka's per-broker dynamic configs of broker ``<id>`` (the
+replication throttle rates, directlog/broker_config.py), apart from its registration, which
+every start of the broker rewrites; an id may have configs before it ever registers.
+
 Everything is JSON: small, readable with any ZooKeeper shell, and tolerant of added keys.
 """
 
@@ -47,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from directlog import topics
+from directlog.broker_config import validate_broker_configs
 from directlog.topic_config import LogConfig
 from services.controller.model import (
     BrokerRegistration,
@@ -104,11 +111,15 @@ class Layout:
         self.producer_ids = f"{self.root}/producer_ids"
         self.log_defaults = f"{self.root}/log_defaults"
         self.brokers = f"{self.root}/brokers"
+        self.broker_configs = f"{self.root}/broker_configs"
         self.topics = f"{self.root}/topics"
         self.remote_log = f"{self.root}/remote_log"
 
     def broker(self, broker_id: int) -> str:
         return f"{self.brokers}/{broker_id}"
+
+    def broker_config(self, broker_id: int) -> str:
+        return f"{self.broker_configs}/{broker_id}"
 
     def topic(self, topic_id: bytes) -> str:
         return f"{self.topics}/{uuid_text(topic_id)}"
@@ -208,6 +219,17 @@ def decode_log_defaults(data: bytes) -> dict[str, str]:
     configs = {str(k): str(v) for k, v in _load(data)["configs"].items()}
     LogConfig.from_properties(configs)  # InvalidConfigError is a ValueError
     return configs
+
+
+def encode_broker_configs(configs: Mapping[str, str]) -> bytes:
+    return _dump({"configs": dict(configs)})
+
+
+def decode_broker_configs(data: bytes) -> dict[str, str]:
+    """Refuses configs no AlterBrokerConfigs can have written, so a damaged znode stops a
+    takeover instead of reaching every broker."""
+    configs = {str(k): str(v) for k, v in _load(data)["configs"].items()}
+    return validate_broker_configs(configs)  # InvalidBrokerConfigError is a ValueError
 
 
 def encode_broker(broker: BrokerRegistration) -> bytes:

@@ -67,7 +67,7 @@ def metadata_update(
 ) -> pb.MetadataUpdate:
     """The whole image when ``delta`` is None, else the delta: every broker, the topics it
     touched (only their changed partitions) and the topics it deleted. Both carry every
-    cluster-wide default of topic configs."""
+    cluster-wide default of topic configs and every broker's dynamic configs."""
     if delta is None:
         topics = [topic(item) for item in state.topics.values()]
         deleted: tuple[bytes, ...] = ()
@@ -84,6 +84,10 @@ def metadata_update(
         topics=topics,
         deleted_topic_ids=deleted,
         log_defaults=state.log_defaults,
+        broker_configs=[
+            pb.BrokerConfigs(broker_id=b, configs=c)
+            for b, c in sorted(state.broker_configs.items())
+        ],
     )
 
 

@@ -358,6 +358,37 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             term.kick()  # unclean.leader.election.enable may have changed
         return pb.AlterLogDefaultsReply()
 
+    async def AlterBrokerConfigs(
+        self, request: pb.AlterBrokerConfigsRequest, context: Context
+    ) -> pb.AlterBrokerConfigsReply:
+        with self._metrics.rpc("AlterBrokerConfigs"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    try:
+                        change = term.state.alter_broker_configs(
+                            request.broker_id,
+                            dict(request.set),
+                            request.delete,
+                            replace_all=request.replace,
+                        )
+                    except KafkaError as exc:
+                        log.info("AlterBrokerConfigs refused: %s", exc)
+                        return pb.AlterBrokerConfigsReply(
+                            error_code=exc.code, error_message=str(exc)
+                        )
+                    if not request.validate_only:
+                        await term.commit(change)
+            except NotActiveError:
+                await self._not_active(context)
+        if change.ops and not request.validate_only:
+            log.info(
+                "broker %d's dynamic configs now %s",
+                request.broker_id,
+                term.state.broker_configs.get(request.broker_id, {}),
+            )
+        return pb.AlterBrokerConfigsReply()
+
     async def _topics(
         self,
         method: str,

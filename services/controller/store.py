@@ -107,6 +107,8 @@ class Store:
         new_cluster_id = layout.uuid_text(uuid.uuid4().bytes)
         skeleton = [
             (self.paths.brokers, b""),
+            # Also for a store written before per-broker configs existed.
+            (self.paths.broker_configs, b""),
             (self.paths.topics, b""),
             (self.paths.remote_log, b""),
             (self.paths.controller_epoch, layout.encode_epoch(0)),
@@ -198,6 +200,15 @@ class Store:
                 b: layout.decode_broker(b, data)
                 for b, data in zip(broker_ids, broker_data, strict=True)
             }
+            configured = sorted(
+                int(b)
+                for b in await self._call(self._client.get_children_async, paths.broker_configs)
+            )
+            config_data = await self._gets([paths.broker_config(b) for b in configured])
+            broker_configs = {
+                b: layout.decode_broker_configs(data)
+                for b, data in zip(configured, config_data, strict=True)
+            }
             topic_ids = [
                 layout.uuid_bytes(name)
                 for name in await self._call(self._client.get_children_async, paths.topics)
@@ -211,6 +222,7 @@ class Store:
                 layout.decode_next_producer_id(producer_data),
                 await self._load_remote_topics(),
                 layout.decode_log_defaults(defaults_data),
+                broker_configs,
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc

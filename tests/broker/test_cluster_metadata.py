@@ -63,3 +63,14 @@ def test_defaults_that_do_not_combine_with_the_static_ones_are_refused() -> None
     assert reconfigured(image, update(2, {"max.compaction.lag.ms": "5"})) == []
     assert image.dynamic_defaults == {"retention.ms": "3000"}
     assert image.config_for("plain").retention_ms == 3000
+
+
+def test_every_update_carries_every_brokers_dynamic_configs() -> None:
+    image = ClusterImage(LogConfig())
+    message = update(1, {}, full=True)
+    message.broker_configs.add(broker_id=2, configs={"leader.replication.throttled.rate": "1000"})
+    image.apply(message)
+    assert image.configs_of_broker(2) == {"leader.replication.throttled.rate": "1000"}
+    assert image.configs_of_broker(0) == {}
+    image.apply(update(2, {}))  # a delta without them: none are left
+    assert image.broker_configs == {}

@@ -415,22 +415,35 @@ def test_reassign_execute_verify_list(cluster, clients, kadmin, topic_name, tmp_
         "partitions": [{"topic": topic, "partition": p, "replicas": r} for p, r in target.items()],
     }))  # fmt: skip
 
-    # Brokers do not take per-broker dynamic configs yet, so a throttle is refused before
-    # anything is submitted.
-    refused = directlog(
-        cluster.bootstrap, "reassign", "execute", str(plan), "--throttle", "50000000", expect=1
-    )
-    assert "per-broker dynamic configs are not supported" in refused.stderr
+    # A throttle that is not a positive number is refused before anything is submitted.
+    directlog(cluster.bootstrap, "reassign", "execute", str(plan), "--throttle", "0", expect=2)
     assert replicas_of(kadmin, topic) == before
     assert directlog(cluster.bootstrap, "reassign", "list").stdout.strip() == (
         "No reassignment is in progress."
     )
 
-    done = directlog(cluster.bootstrap, "reassign", "execute", str(plan))
-    assert "Started the reassignment of 2 partition(s)" in done.stdout
+    done = directlog(cluster.bootstrap, "reassign", "execute", str(plan), "--throttle", "50000000")
+    assert (
+        "Started the reassignment of 2 partition(s), replication throttled to 50000000 bytes/s."
+        in done.stdout
+    )
     # The current assignment is printed, to roll back with.
     rollback = json.loads(done.stdout.strip().splitlines()[-1])
     assert {e["partition"]: e["replicas"] for e in rollback["partitions"]} == before
+    # What kafka-reassign-partitions --throttle sets: the rates on every broker a moving
+    # partition has or gets, the current replicas as leader-throttled and the added ones as
+    # follower-throttled; they stay until verify finds the reassignment done.
+    configs = topic_configs(kadmin, topic)
+    leaders = {f"{p}:{b}" for p, r in before.items() for b in r}
+    followers = {f"{p}:{b}" for p, r in target.items() for b in r if b not in before[p]}
+    assert set(configs["leader.replication.throttled.replicas"].split(",")) == leaders
+    assert set(configs["follower.replication.throttled.replicas"].split(",")) == followers
+    for broker in range(3):
+        resource = ConfigResource("BROKER", str(broker), list(THROTTLE_RATES))
+        found = kadmin.describe_configs([resource], config_filter="modified")["broker"]
+        assert {k: (v["value"], v["config_source"]) for k, v in found[str(broker)].items()} == {
+            name: ("50000000", "DYNAMIC_BROKER_CONFIG") for name in THROTTLE_RATES
+        }
 
     listed = as_json(cluster.bootstrap, "reassign", "list")
     for entry in listed:  # while it runs: target and current together, as KIP-455 says
@@ -446,6 +459,7 @@ def test_reassign_execute_verify_list(cluster, clients, kadmin, topic_name, tmp_
 
     done = eventually(verified, "the reassignment to complete", timeout=90, interval=1)
     assert "Every partition has its target replicas." in done.stdout
+    assert "Removed the replication throttles" in done.stdout
     assert replicas_of(kadmin, topic) == target
     # verify removed the throttles once done
     assert not any(k.endswith("throttled.replicas") for k in topic_configs(kadmin, topic))
