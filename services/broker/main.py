@@ -84,6 +84,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         image.config_for,
         producer_id_expiration_ms=settings.producer_id_expiration_ms,
         configs_pending=True,
+        head_segments_dir=settings.rdma_head_segments_dir,
     )
     metrics = BrokerMetrics()
     metrics.watch_logs(logs)

@@ -101,6 +101,16 @@ class BrokerSettings(ServiceSettings):
     rdma_consume: bool = False
     rdma_consume_port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
     rdma_consume_max_consumers: int = Field(256, ge=1, le=4096)  # slot regions at once
+    # Where the preallocated head segments RDMA peers write live (docs/broker.md, "Head
+    # segments in memory"): a memory-backed directory (tmpfs: a Kubernetes emptyDir
+    # with medium Memory), for the pyverbs provider on Linux >= 6.5, which cannot
+    # register an ext4/xfs file for remote writes. Sealed segments are written back to
+    # data_dir; until then replication and tiering keep their records. Unset: data_dir.
+    rdma_head_segments_dir: Path | None = None
+    # The address RDMA peers (producers, consumers, leaders pushing) are told to reach
+    # this broker's RDMA listeners at: the RDMA NIC's, when it sits on a secondary
+    # (SR-IOV/Multus) network. If unset: advertised_host, else rdma_host, else host.
+    rdma_advertised_host: str | None = None
     # Tiered storage (docs/tiering.md). Kafka's remote.log.storage.system.enable: topics may
     # set remote.storage.enable only while it is on. The tiering service beside the broker
     # copies their closed segments to the remote store, from which the broker serves reads
@@ -157,6 +167,15 @@ class BrokerSettings(ServiceSettings):
 
     def inter_broker(self) -> str:
         return self.inter_broker_listener or self.kafka_listeners()[0].name
+
+    @model_validator(mode="after")
+    def _head_segments_dir_apart(self) -> Self:
+        heads = self.rdma_head_segments_dir
+        if heads is not None:
+            data, heads = self.data_dir.resolve(), heads.resolve()
+            if heads == data or data in heads.parents:
+                raise ValueError(f"rdma_head_segments_dir {heads} must lie outside data_dir {data}")
+        return self
 
     @model_validator(mode="after")
     def _remote_store_named(self) -> Self:

@@ -392,6 +392,26 @@ class RdmaConsume:
         access.region, access.mutable = region, False
         self._update_slots(access)
 
+    def segment_moved(self, plog: PartitionLog, segment: LogSegment) -> None:
+        """The sealed segment's file was replaced by a copy (written back from the head
+        directory): register the copy and drop the old registration, as at a roll.
+        Consumers that read the old one in between fail a READ and ask again."""
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.segment_moved, plog, segment)
+            return
+        access = self._accesses.get(plog, {}).get(segment.base_offset)
+        if access is None or access.segment is not segment or access.revoked or segment.deleted:
+            return
+        try:
+            region = self._pd.register_file(segment.log.path, segment.size, Access.REMOTE_READ)
+        except RdmaError as error:
+            self._revoke(access, f"cannot register the written-back segment: {error}")
+            return
+        access.region.deregister()
+        access.region, access.mutable = region, False
+        self._update_slots(access)
+        log.info("%s: segment %d registered anew, written back", access.tp, segment.base_offset)
+
     def segments_removed(self, plog: PartitionLog, segments: list[LogSegment]) -> None:
         if threading.get_ident() != self._loop_thread:  # compaction: files only unlinked
             self._loop.call_soon_threadsafe(self.segments_removed, plog, segments)

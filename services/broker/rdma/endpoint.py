@@ -77,7 +77,7 @@ class RdmaEndpoint:
             caps,
             host=host,
             port=port,
-            advertised_host=settings.advertised_host or host,
+            advertised_host=settings.rdma_advertised_host or settings.advertised_host or host,
         )
         self._stop = threading.Event()
         self._handoff = threading.Semaphore(HANDOFF_BATCHES)

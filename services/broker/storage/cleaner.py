@@ -127,8 +127,8 @@ def find_cleanable(log: PartitionLog, now_ms: int) -> Cleanable | None:
     young = now_ms - config.min_compaction_lag_ms
     count = 0
     for segment in segments[:-1]:
-        if segment.next_offset > high_watermark:
-            break
+        if segment.next_offset > high_watermark or log.layout.in_memory(segment):
+            break  # (a segment still in the head directory is cleaned once written back)
         lag_applies = config.min_compaction_lag_ms > 0 and not segment.is_empty()
         if lag_applies and segment.largest_timestamp() > young:
             break

@@ -14,6 +14,10 @@ see leader_epochs.py), kept in step with appends, truncation and retention, Kafk
 producers' state (`<offset>.snapshot`, see producer_state.py), checked before a producer
 append writes anything and snapshotted when a segment rolls and when the log closes.
 
+On a broker with a head directory (rdma_head_segments_dir) the `.log` files of a
+preallocating log's newest segments live there, in memory, until they are sealed and
+written back (`write_back`); log_layout.py holds the rules.
+
 A tiered log (KIP-405, docs/tiering.md) also has remote index files in its directory,
 which its tiering service writes: its log start may then lie below its first local
 segment (the records between are in the remote store; `read` raises
@@ -30,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
 import struct
 import threading
 import time
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from directlog.durable_files import remove_temporaries, write_atomically
+from directlog.durable_files import fsync_path, remove_temporaries, write_atomically
 from directlog.records.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -67,6 +72,7 @@ from services.broker.storage.leader_epochs import (
     LeaderEpochCache,
 )
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
+from services.broker.storage.log_layout import LogLayout
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
     PRODUCER_ID_EXPIRATION_MS,
@@ -76,10 +82,7 @@ from services.broker.storage.producer_state import (
     ProducerStateManager,
 )
 from services.broker.storage.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
     SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX,
     LogSegment,
     finish_interrupted_swaps,
 )
@@ -137,6 +140,12 @@ class LogListener(Protocol):
     def high_watermark_moved(self, log: PartitionLog) -> None:
         """The leader moved the high watermark up."""
 
+    def segment_moved(self, log: PartitionLog, segment: LogSegment) -> None:
+        """The sealed ``segment`` was written back from the head directory (log_layout.py):
+        ``segment.log`` is a new file, with the same bytes, and the old one is removed
+        when this returns (mappings of it stay valid; new opens of its path fail). Called
+        on the thread that writes back, not the event loop."""
+
 
 @dataclass(eq=False, slots=True)
 class Reservation:
@@ -163,9 +172,15 @@ class PartitionLog:
         leader_epochs: LeaderEpochCache,
         topic_id: uuid.UUID | None = None,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+        layout: LogLayout | None = None,
     ) -> None:
         assert segments, "a log always has a head segment"
         self.directory = directory
+        self.layout = layout or LogLayout(directory)
+        # Bumped when segments are cut or replaced by truncation: a write-back copying
+        # outside the lock then knows its copy may be stale.
+        self._generation = 0
+        self._deleted = False
         self.config = config
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
@@ -203,8 +218,11 @@ class PartitionLog:
         clock: Clock = wall_clock_ms,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
         config_pending: bool = False,
+        head_directory: Path | None = None,
     ) -> PartitionLog:
-        """Open or create the log in `directory`.
+        """Open or create the log in `directory`, with the `.log` files of its newest
+        segments in `head_directory` if given (log_layout.py: segments found there are
+        always recovered; those lost with it end the log before them).
 
         A log start below the first segment is raised to it (a crash after retention can
         leave the checkpoint behind), unless the log is tiered (remote indexes in the
@@ -227,17 +245,22 @@ class PartitionLog:
         topic_id = read_partition_metadata(directory)
         leader_epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_CHECKPOINT)
         now = clock()
-        bases = _segment_bases(directory)
+        layout = LogLayout(directory, head_directory)
+        found = layout.segment_logs()
+        bases = [base for base, _ in found]
         segments: list[LogSegment] = []
-        for i, base in enumerate(bases):
+        for i, (base, log_directory) in enumerate(found):
             next_base = bases[i + 1] if i + 1 < len(bases) else None
-            recover = not clean_shutdown and (next_base is None or next_base > recovery_point)
+            recover = log_directory != directory or (
+                not clean_shutdown and (next_base is None or next_base > recovery_point)
+            )
             segment, cut = LogSegment.open(
                 directory,
                 base,
                 index_interval=config.index_interval_bytes,
                 now_ms=now,
                 recover=recover,
+                log_directory=log_directory,
             )
             if segments and segment.base_offset < segments[-1].next_offset:
                 segment.delete()
@@ -248,7 +271,7 @@ class PartitionLog:
                 segment.flush()
             if cut:
                 for later in bases[i + 1 :]:
-                    _delete_segment_files(directory, later)
+                    layout.delete_segment_files(later)
                 break
         while len(segments) > 1 and segments[1].base_offset <= log_start_offset:
             segments.pop(0).delete()
@@ -261,16 +284,20 @@ class PartitionLog:
                     index_interval=config.index_interval_bytes,
                     now_ms=now,
                     capacity=None,
+                    log_directory=layout.new_log_directory(config, None),
                 )
             )
-        if config.preallocate:
+        if layout.may_preallocate(segments[-1], config):
             segments[-1].log.preallocate(config.segment_bytes)
         log_end = segments[-1].next_offset
+        durable_end = next(
+            (segment.base_offset for segment in segments if layout.in_memory(segment)), log_end
+        )
         local_start = max(log_start_offset, segments[0].base_offset)
         tiered = has_remote_index(directory) or config.remote_storage_enable
         keep = tiered or config_pending
         start = min(max(log_start_offset, 0) if keep else local_start, log_end)
-        point = log_end if not clean_shutdown else min(recovery_point, log_end)
+        point = min(log_end if not clean_shutdown else recovery_point, durable_end)
         leader_epochs.truncate_from_end(log_end)
         leader_epochs.truncate_from_start(min(local_start, log_end))
         opened = cls(
@@ -284,10 +311,13 @@ class PartitionLog:
             leader_epochs=leader_epochs,
             topic_id=topic_id,
             producer_id_expiration_ms=producer_id_expiration_ms,
+            layout=layout,
         )
         opened._start_unchecked = config_pending and not tiered
         opened._producer_snapshots.delete_below(start)
         opened._load_producer_state()
+        if not config_pending:
+            opened._settle_head()
         if tiered:
             opened.refresh_remote()
         return opened
@@ -343,6 +373,7 @@ class PartitionLog:
         settles the log start (see `open`)."""
         with self._lock:
             self.config = config
+            self._settle_head()
             if self._start_unchecked:
                 self._start_unchecked = False
                 if not self.tiered and self.log_start_offset < self._segments[0].base_offset:
@@ -749,20 +780,42 @@ class PartitionLog:
             for listener in list(self.listeners):
                 listener.segment_rolled(self, head)
             head.on_inactive()
-            segment = self._new_segment(self.log_end_offset)
+            segment = self._new_segment(self.log_end_offset, head)
             self._segments.append(segment)
             self._bases.append(segment.base_offset)
             self._take_producer_snapshot()
             return segment
 
-    def _new_segment(self, base_offset: int) -> LogSegment:
-        """An empty segment at base_offset with this log's settings (preallocated if asked)."""
+    def _settle_head(self) -> None:
+        """With a head directory, make a preallocating log's head one the RDMA datapaths
+        can map: a head there without its preallocated length (opened before the topic's
+        config was known) gets it; an empty head outside it (a clean close wrote it back,
+        truncation emptied a written-back segment) is made anew there. A head outside it
+        holding records stays; the datapaths roll it when they need a preallocated one."""
+        head, config = self._segments[-1], self.config
+        if self.layout.head_directory is None or not config.preallocate or self._pending:
+            return
+        if self.layout.in_memory(head):
+            if head.log.capacity is None and head.size < config.segment_bytes:
+                head.log.preallocate(config.segment_bytes)
+            return
+        if not head.is_empty():
+            return
+        self._generation += 1
+        self._removing([head])
+        head.delete()
+        self._segments[-1] = self._new_segment(head.base_offset, None)
+
+    def _new_segment(self, base_offset: int, after: LogSegment | None) -> LogSegment:
+        """An empty segment at base_offset, following `after` (None: all segments went),
+        with this log's settings (preallocated if asked), where the layout puts it."""
         return LogSegment.create(
             self.directory,
             base_offset,
             index_interval=self.config.index_interval_bytes,
             now_ms=self._clock(),
             capacity=self.config.segment_bytes if self.config.preallocate else None,
+            log_directory=self.layout.new_log_directory(self.config, after),
         )
 
     # Reading ---------------------------------------------------------------------------
@@ -821,8 +874,10 @@ class PartitionLog:
     # Durability ------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """fsync everything appended so far and move the recovery point to the log end.
-        The fsyncs run outside the lock, so a flush thread never stalls appends."""
+        """fsync everything appended so far and move the recovery point to the log end,
+        or to the first segment still in the head directory (fsynced there, but not
+        durable: see `write_back`). The fsyncs run outside the lock, so a flush thread
+        never stalls appends."""
         with self._lock:
             target = self.log_end_offset
             if target <= self.recovery_point:
@@ -836,7 +891,78 @@ class PartitionLog:
         except OSError as exc:
             raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
         with self._lock:
-            self.recovery_point = max(self.recovery_point, min(target, self.log_end_offset))
+            self.recovery_point = max(
+                self.recovery_point, min(target, self.log_end_offset, self._durable_end())
+            )
+
+    def _durable_end(self) -> int:
+        """The base offset of the first segment in the head directory, else the log end."""
+        in_memory = self.layout.in_memory
+        return next((s.base_offset for s in self._segments if in_memory(s)), self.log_end_offset)
+
+    def write_back(self) -> int:
+        """Write the sealed segments still in the head directory back to the log directory,
+        oldest first (log_layout.py); returns how many. Blocking (a copy and fsyncs, done
+        outside the lock), for a worker thread; a segment deleted or cut meanwhile ends
+        the round, as does an I/O error (logged; the next round tries again)."""
+        written = 0
+        while self._write_back_oldest(head_too=False):
+            written += 1
+        return written
+
+    def _write_back_oldest(self, *, head_too: bool) -> bool:
+        """Write back the oldest segment in the head directory if it is sealed (or
+        `head_too`); whether one was."""
+        layout = self.layout
+        with self._lock:
+            segment = next((s for s in self._segments if layout.in_memory(s)), None)
+            if self._deleted or segment is None or (segment is self._segments[-1] and not head_too):
+                return False
+            source, size, generation = segment.log, segment.size, self._generation
+            temporary = layout.write_back_target(segment)
+            try:  # created under the lock: `delete` removes it with the directory
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError as exc:
+                log.error("write-back of %s failed: %s", source.path, exc)
+                return False
+
+        def still_current() -> bool:
+            return (
+                not self._deleted
+                and not segment.deleted
+                and self._generation == generation
+                and segment.log is source
+                and segment.size == size
+                and (head_too or segment is not self._segments[-1])
+            )
+
+        try:
+            try:
+                copied = layout.copy(source, size, fd)
+            finally:
+                os.close(fd)
+            with self._lock:
+                if not copied or not still_current():
+                    temporary.unlink(missing_ok=True)
+                    return False
+                segment.log = layout.install(segment, temporary)
+                for listener in list(self.listeners):
+                    listener.segment_moved(self, segment)
+            fsync_path(self.directory)
+            source.delete()  # the memory copy; readers sending from it keep its descriptor
+            segment.flush()  # its indexes, in the log directory
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            if not (self._deleted or segment.deleted):
+                log.error("write-back of %s failed: %s", source.path, exc)
+            return False
+        with self._lock:
+            if self.recovery_point >= segment.base_offset and not segment.deleted:
+                self.recovery_point = max(
+                    self.recovery_point, min(segment.next_offset, self._durable_end())
+                )
+        log.debug("wrote back segment %d of %s", segment.base_offset, self.directory)
+        return True
 
     def flush_if_due(self) -> bool:
         """Flush if flush.ms has passed since the last flush and data is waiting."""
@@ -1069,14 +1195,16 @@ class PartitionLog:
             if offset <= self._segments[0].base_offset:
                 self._reset_at(offset)
                 return
+            self._generation += 1
             self._removing([s for s in self._segments if s.next_offset > offset])
             while self._segments[-1].base_offset >= offset:
                 self._segments.pop().delete()
                 self._bases.pop()
             head = self._segments[-1]
             head.truncate_to(offset)
-            if self.config.preallocate and head.log.capacity is None:
+            if head.log.capacity is None and self.layout.may_preallocate(head, self.config):
                 head.log.preallocate(self.config.segment_bytes)
+            self._settle_head()
             self.leader_epochs.truncate_from_end(self.log_end_offset)
             self._after_truncation()
             self._load_producer_state()
@@ -1090,10 +1218,11 @@ class PartitionLog:
             self._reset_at(offset)
 
     def _reset_at(self, offset: int) -> None:
+        self._generation += 1
         self._removing(self._segments)
         for segment in self._segments:
             segment.delete()
-        head = self._new_segment(offset)
+        head = self._new_segment(offset, None)
         self._segments = [head]
         self._bases = [offset]
         self.log_start_offset = offset
@@ -1124,19 +1253,26 @@ class PartitionLog:
             head = self._segments[-1]
             head.on_inactive()
             head.flush()
+            while self._write_back_oldest(head_too=True):
+                pass
+            if any(self.layout.in_memory(segment) for segment in self._segments):
+                raise StorageError(f"{self.directory}: segments left in the head directory")
             for segment in self._segments:
                 segment.close()
             if self.remote is not None:
                 self.remote.close()
 
     def delete(self) -> None:
+        """Remove the log's files, in its directory and its head directory."""
         with self._lock:
+            self._deleted = True
             self._discard_pending(0)
             for segment in self._segments:
                 segment.delete()
             self._segments.clear()
             if self.remote is not None:
                 self.remote.close()
+        self.layout.remove()
         for leftover in self.directory.iterdir():
             leftover.unlink()
         self.directory.rmdir()
@@ -1229,25 +1365,3 @@ def _decode_topic_id(text: str) -> uuid.UUID:
     if len(raw) != 16 or uuid_text(uuid.UUID(bytes=raw)) != text:
         raise ValueError(f"topic id {text!r} is not 16 bytes in URL-safe base64")
     return uuid.UUID(bytes=raw)
-
-
-def _segment_bases(directory: Path) -> list[int]:
-    """Base offsets of the segments in `directory`; index files without a log are removed."""
-    bases = []
-    for path in directory.iterdir():
-        stem, suffix = path.stem, path.suffix
-        if not (len(stem) == 20 and stem.isdigit()):
-            continue
-        if suffix == LOG_SUFFIX:
-            bases.append(int(stem))
-        elif (
-            suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-            and not path.with_suffix(LOG_SUFFIX).exists()
-        ):
-            path.unlink()
-    return sorted(bases)
-
-
-def _delete_segment_files(directory: Path, base: int) -> None:
-    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-        (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)

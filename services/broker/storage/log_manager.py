@@ -11,9 +11,14 @@ and in each partition directory, beside its segments, `leader-epoch-checkpoint` 
 leader_epochs.py), `partition.metadata` (the topic id; see log.py) and, for compacted
 logs, `cleaner-offset-checkpoint` (see cleaner.py).
 
-The manager does one round of each periodic duty on request (flush what flush.ms says is
-due, apply retention, compact one log, write checkpoints); the broker's scheduler decides
-when.
+A broker with a head directory (rdma_head_segments_dir: memory-backed, for the segment
+files RDMA peers write) has there a `.lock` and a `<topic>-<partition>` directory per log
+holding the `.log` files of its newest segments until they are written back; see
+log_layout.py.
+
+The manager does one round of each periodic duty on request (write back sealed segments
+and flush what flush.ms says is due, apply retention, compact one log, write checkpoints);
+the broker's scheduler decides when.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,8 +66,12 @@ class LogManager:
         clock: Clock,
         lock_fd: int,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+        head_segments_dir: Path | None = None,
+        head_lock_fd: int = -1,
     ) -> None:
         self.log_dir = log_dir
+        self.head_segments_dir = head_segments_dir
+        self._head_lock_fd = head_lock_fd
         self._producer_id_expiration_ms = producer_id_expiration_ms
         self._config_for = config_for
         self._clock = clock
@@ -86,27 +96,35 @@ class LogManager:
         clock: Clock = wall_clock_ms,
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
         configs_pending: bool = False,
+        head_segments_dir: Path | None = None,
     ) -> LogManager:
-        """Take the directory, load every partition log (recovering them if the last
-        shutdown was not clean) and remove the clean-shutdown marker. With
-        `configs_pending`, `config_for` does not know the topics yet (a broker before its
-        first cluster image): each log waits for its `configure` (PartitionLog.open)."""
-        log_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(lock_fd)
-            raise StorageError(f"{log_dir} is in use by another process") from exc
+        """Take the directory (and the head directory, if given), load every partition
+        log (recovering them if the last shutdown was not clean) and remove the
+        clean-shutdown marker. With `configs_pending`, `config_for` does not know the
+        topics yet (a broker before its first cluster image): each log waits for its
+        `configure` (PartitionLog.open)."""
+        lock_fd = _lock(log_dir)
+        head_lock_fd = -1
+        if head_segments_dir is not None:
+            try:
+                head_lock_fd = _lock(head_segments_dir)
+            except BaseException:
+                os.close(lock_fd)
+                raise
         manager = cls(
             log_dir,
             config_for or (lambda topic: LogConfig()),
             clock,
             lock_fd,
             producer_id_expiration_ms,
+            head_segments_dir,
+            head_lock_fd,
         )
         manager._load(configs_pending)
         return manager
+
+    def _head_directory(self, tp: TopicPartition) -> Path | None:
+        return None if self.head_segments_dir is None else self.head_segments_dir / str(tp)
 
     def _load(self, configs_pending: bool) -> None:
         marker = self.log_dir / CLEAN_SHUTDOWN_FILE
@@ -129,13 +147,26 @@ class LogManager:
                 clock=self._clock,
                 producer_id_expiration_ms=self._producer_id_expiration_ms,
                 config_pending=configs_pending,
+                head_directory=self._head_directory(tp),
             )
+        self._remove_orphan_heads()
         if not clean and self.logs:
             log.info(
                 "recovered %d logs in %s after an unclean shutdown", len(self.logs), self.log_dir
             )
         marker.unlink(missing_ok=True)
         self.checkpoint()
+
+    def _remove_orphan_heads(self) -> None:
+        """Directories in the head directory whose log is gone (deleted while a crash
+        interrupted the deletion): nothing can read them."""
+        if self.head_segments_dir is None:
+            return
+        for path in sorted(self.head_segments_dir.iterdir()):
+            tp = parse_log_dir_name(path.name) if path.is_dir() else None
+            if tp is not None and tp not in self.logs:
+                log.warning("removing %s: its log is gone from %s", path, self.log_dir)
+                shutil.rmtree(path)
 
     def get(self, tp: TopicPartition) -> PartitionLog | None:
         return self.logs.get(tp)
@@ -166,6 +197,7 @@ class LogManager:
             config or self._config_for(tp.topic),
             clock=self._clock,
             producer_id_expiration_ms=self._producer_id_expiration_ms,
+            head_directory=self._head_directory(tp),
         )
         if topic_id is not None:
             created.set_topic_id(topic_id)  # no-op unless a leftover directory lacked it
@@ -197,9 +229,12 @@ class LogManager:
             checkpoint.write({tp: offset_of(p) for tp, p in list(self.logs.items())})
 
     def flush_due(self) -> int:
-        """Flush every log whose flush.ms has passed; returns how many were flushed."""
+        """Write back every sealed segment still in the head directory (log_layout.py),
+        then flush every log whose flush.ms has passed; returns how many logs were
+        flushed. Blocking, for a worker thread."""
+        written = sum(p.write_back() for p in list(self.logs.values()))
         flushed = sum(1 for p in list(self.logs.values()) if p.flush_if_due())
-        if flushed:
+        if flushed or written:
             self._write(self._recovery_points, lambda p: p.recovery_point)
         return flushed
 
@@ -277,8 +312,23 @@ class LogManager:
             marker.touch()
             fsync_path(self.log_dir)
             self.logs.clear()
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            for fd in (self._lock_fd, self._head_lock_fd):
+                if fd >= 0:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+
+
+def _lock(directory: Path) -> int:
+    """Create `directory` if needed and hold its `.lock`; StorageError if another process
+    holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise StorageError(f"{directory} is in use by another process") from exc
+    return fd
 
 
 def parse_log_dir_name(name: str) -> TopicPartition | None:

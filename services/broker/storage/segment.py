@@ -1,4 +1,6 @@
 """One segment of a partition log: `<base offset>.log` with its `.index` and `.timeindex`.
+The indexes are in the log's directory; the `.log` is there too, or in the log's head
+directory (log_layout.py).
 
 Files are named by the 20-digit offset of the first record they may hold. The segment keeps
 what appends and reads need in memory: its logical size, the next offset, the largest
@@ -82,10 +84,12 @@ class LogSegment:
         now_ms: int,
         capacity: int | None,
         suffix: str = "",
+        log_directory: Path | None = None,
     ) -> LogSegment:
         """A new, empty segment; with a `suffix` (CLEANED_SUFFIX) its files carry it after
-        their usual names until `move_to` renames them."""
-        path = directory / (segment_name(base_offset) + LOG_SUFFIX + suffix)
+        their usual names until `move_to` renames them. Its `.log` goes to
+        `log_directory` if given (the log's head directory), else beside its indexes."""
+        path = (log_directory or directory) / (segment_name(base_offset) + LOG_SUFFIX + suffix)
         log = LogFile(path, capacity=capacity, create=True)
         segment = cls(directory, base_offset, log, index_interval, now_ms, suffix)
         segment.offset_index.reset()
@@ -94,18 +98,24 @@ class LogSegment:
 
     @classmethod
     def open(
-        cls, directory: Path, base_offset: int, *, index_interval: int, now_ms: int, recover: bool
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval: int,
+        now_ms: int,
+        recover: bool,
+        log_directory: Path | None = None,
     ) -> tuple[LogSegment, bool]:
-        """Open an existing segment. With `recover`, or when its indexes fail their sanity
-        check, every batch is validated and the indexes rebuilt; returns whether bytes had
-        to be cut from the end."""
+        """Open an existing segment (its `.log` in `log_directory` if given). With
+        `recover`, or when its indexes fail their sanity check, every batch is validated
+        and the indexes rebuilt; returns whether bytes had to be cut from the end."""
         name = segment_name(base_offset)
         indexes_present = all(
             (directory / (name + suffix)).exists() for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
         )
-        segment = cls(
-            directory, base_offset, LogFile(directory / (name + LOG_SUFFIX)), index_interval, now_ms
-        )
+        log_file = LogFile((log_directory or directory) / (name + LOG_SUFFIX))
+        segment = cls(directory, base_offset, log_file, index_interval, now_ms)
         if not recover and indexes_present:
             indexes_ok = segment.offset_index.load() and segment.time_index.load()
             if indexes_ok and segment.offset_index.last_position_within(segment.log.size):
@@ -368,7 +378,8 @@ class LogSegment:
         themselves): the indexes first, then, once those renames (and any deletion before
         them) are durable, the `.log`. So a `.log` under a suffix vouches for its indexes
         under the same suffix or already past it, which `finish_interrupted_swaps` relies on."""
-        directory = self.log.path.parent
+        directory = self.offset_index.path.parent
+        assert self.log.path.parent == directory, "only segments beside their indexes move"
         name = segment_name(self.base_offset)
         for index, usual in (
             (self.offset_index, INDEX_SUFFIX),
