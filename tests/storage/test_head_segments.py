@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -26,6 +28,7 @@ from services.broker.storage.log_manager import (
     LogManager,
 )
 from services.broker.storage.segment import LogSegment
+from services.broker.tiered.service import _hosted
 from tests.storage.helpers import ManualClock, batch, read_all
 
 ORDERS = TopicPartition("orders", 0)
@@ -454,3 +457,26 @@ def test_the_head_directory_lies_outside_the_log_directory(tmp_path, heads):
         BrokerSettings(data_dir=tmp_path, rdma_head_segments_dir=tmp_path / heads)
     settings = BrokerSettings(data_dir=tmp_path / "data", rdma_head_segments_dir=tmp_path / heads)
     assert settings.rdma_head_segments_dir == tmp_path / heads
+
+
+def test_the_tiering_service_is_told_a_segment_in_memory_is_not_closed_yet(dirs, clock):
+    """The tiering sidecar copies closed segments from the log directory: a sealed one
+    still in the head directory is listed as active until it is written back."""
+    manager = open_manager(dirs, clock)
+    log = manager.create(ORDERS)
+    fill(log, 0, 5)
+    log.roll()
+    fill(log, 5, 2)
+    partition = SimpleNamespace(
+        log=log,
+        topic_id=uuid.UUID(int=1),
+        is_leader=True,
+        leader_epoch=0,
+        config=PREALLOCATED,
+    )
+    listed = _hosted(ORDERS, partition)  # type: ignore[arg-type]
+    assert [(s.base_offset, s.active) for s in listed.segments] == [(0, True), (5, True)]
+    manager.flush_due()
+    listed = _hosted(ORDERS, partition)  # type: ignore[arg-type]
+    assert [(s.base_offset, s.active) for s in listed.segments] == [(0, False), (5, True)]
+    manager.close()

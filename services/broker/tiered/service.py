@@ -154,7 +154,9 @@ def _hosted(tp: TopicPartition, partition: Partition) -> tpb.HostedPartition:
                 next_offset=segment.next_offset,
                 size_bytes=segment.size,
                 max_timestamp=segment.max_timestamp,
-                active=segment is segments[-1],
+                # A sealed segment still in the head directory is not in `directory` yet:
+                # the tiering service copies it once it is written back.
+                active=segment is segments[-1] or partition_log.layout.in_memory(segment),
             )
             for segment in segments
         ],
