@@ -65,10 +65,21 @@ class ControllerLink:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._stay_registered()), loop.create_task(self._watch())]
 
-    async def close(self) -> None:
+    async def close(self, *, fence: bool = False) -> None:
+        """Stop heartbeats and the metadata watch. ``fence``: the broker stops after its
+        controlled shutdown, and a last heartbeat says so, so the controller fences it now
+        rather than when its session runs out (best effort: the session still ends it)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if fence and self.broker_epoch >= 0:
+            request = pb.HeartbeatRequest(
+                broker_id=self.broker_id, broker_epoch=self.broker_epoch, stopping=True
+            )
+            try:
+                await self.call(lambda s: s.Heartbeat, request, timeout=HEARTBEAT_TIMEOUT_FLOOR)
+            except ControllerUnavailableError as error:
+                log.info("no controller heard that this broker stops: %s", error)
         for channel in self._channels.values():
             await channel.close()
 

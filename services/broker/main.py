@@ -185,6 +185,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
     housekeeping = loop.create_task(_housekeeping(logs, replicas, settings, fsyncs))
     compaction = loop.create_task(_compaction(logs, settings))
+    handed_over = False  # a controlled shutdown ran: the controller may fence us at once
     try:
         await _first(link.first_image, stop, failure)
         if not stop.is_set():
@@ -205,6 +206,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             await controlled_shutdown(
                 link, image, settings.node_id, settings.controlled_shutdown_timeout_ms / 1000
             )
+            handed_over = settings.controlled_shutdown_timeout_ms > 0
     finally:
         log.info("stopping")
         housekeeping.cancel()
@@ -212,7 +214,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         await coordinator.close()
         await exporter.close()
         await producer_ids.close()
-        await link.close()
+        await link.close(fence=handed_over)
         await replicas.close()
         await server.close()
         if tiering is not None:

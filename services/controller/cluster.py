@@ -279,6 +279,15 @@ class ClusterState:
             now - self.last_seen.get(broker_id, float("-inf")) <= self.session_timeout
         )
 
+    def fence_stopped(self, broker_id: int, broker_epoch: int) -> bool:
+        """Fence a broker that says it stops (in memory; ``elect`` then moves what it still
+        held). False when it is not current: a stale or fenced incarnation changes nothing."""
+        if self.broker_error(broker_id, broker_epoch) is not ErrorCode.NONE:
+            return False
+        self.fenced.add(broker_id)
+        self.shutting_down.discard(broker_id)
+        return True
+
     def fence_expired(self, now: float) -> list[int]:
         """Fence the brokers whose session timed out (in memory; ``elect`` then moves their
         partitions). Returns them."""

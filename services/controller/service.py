@@ -22,6 +22,7 @@ from services.controller.cluster import (
     NO_RECORDS,
     Change,
     ClusterState,
+    Delta,
     IsrChange,
     PartitionResult,
 )
@@ -77,6 +78,9 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 term = self._controller.require_term()
             except NotActiveError:
                 await self._not_active(context)
+            if request.stopping:
+                await self._fence_stopped(term, request.broker_id, request.broker_epoch)
+                return pb.HeartbeatReply()
             error = term.state.heartbeat(
                 request.broker_id, request.broker_epoch, self._controller.clock()
             )
@@ -87,6 +91,17 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 error_message=f"broker {request.broker_id} epoch {request.broker_epoch}: "
                 f"{error.name}, register again",
             )
+
+    async def _fence_stopped(self, term: Term, broker_id: int, broker_epoch: int) -> None:
+        try:
+            async with term.lock:
+                if not term.state.fence_stopped(broker_id, broker_epoch):
+                    return
+                term.publish(Delta())
+                await term.elect()
+        except NotActiveError:
+            return  # the broker stops anyway; the next controller fences it by its session
+        log.info("broker %d stopped: fenced", broker_id)
 
     async def WatchMetadata(
         self, request: pb.WatchMetadataRequest, context: Context

@@ -229,3 +229,21 @@ def test_a_registration_ends_the_shutdown() -> None:
     register(state, 1, now=1.0)  # the same incarnation, on a new session
     assert not state.shutting_down
     assert 1 in state.unfenced()
+
+
+def test_a_broker_that_says_it_stops_is_fenced_at_once() -> None:
+    """Its controlled shutdown done, a broker's last heartbeat says it stops: fenced now,
+    not when its session runs out; what it still led alone goes offline, as it would then.
+    A stale incarnation saying so changes nothing."""
+    state, topic_id = with_topic([(1, 2), (2, 1)], isr=[(1, 2), (2,)])
+    shut_down(state, 2)
+    assert not state.fence_stopped(2, state.brokers[2].broker_epoch + 1)
+    assert 2 not in state.fenced
+    assert state.fence_stopped(2, state.brokers[2].broker_epoch)
+    assert 2 in state.fenced and 2 not in state.shutting_down
+    while (change := state.elect()) is not None:
+        commit(state, change)
+    first, second = states(state, topic_id)
+    assert (first.leader, first.isr) == (1, (1,))
+    assert (second.leader, second.isr) == (NO_LEADER, (2,))
+    assert not state.fence_stopped(2, state.brokers[2].broker_epoch)  # fenced already

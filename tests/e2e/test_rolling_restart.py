@@ -106,6 +106,12 @@ def restart(cluster: Cluster, node_id: int) -> int:
         f"the other brokers' images to show broker {node_id}'s partitions moved",
     )
     assert "no heartbeat for the session" not in cluster.controllers[0].stderr_text()
+    # Its last heartbeat said it stops: fenced at once, not at the end of its session.
+    wait_for(
+        lambda: f"broker {node_id} stopped: fenced" in cluster.controllers[0].stderr_text(),
+        TIMEOUT,
+        f"the controller to fence the stopped broker {node_id}",
+    )
 
     broker.start()
     restarted = stderr_of_start(broker, broker.starts)
