@@ -97,6 +97,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
     },
     "spark": {"spark": {"enabled": True, "operator": {"enabled": True}}},
+    # Every process on the pod's own address (status.podIP), as tests/kube runs the pods.
+    "listen-pod-ip": {
+        "listenAddress": "podIP",
+        "broker": {
+            "external": {
+                "enabled": True,
+                "type": "LoadBalancer",
+                "servicePort": 9094,
+                "advertisedHosts": ["b0.kafka.example.com", "b1.kafka.example.com", "10.1.2.3"],
+            }
+        },
+        "tiering": {"enabled": True, "remote": "file:///mnt/remote"},
+    },
     "rack-topics-hdfs": {
         "broker": {"rack": {"enabled": True}},
         "tiering": {

@@ -22,9 +22,11 @@ from tests.chart.render import NAMESPACE, SCENARIOS, component, find, one, scena
 
 pytestmark = pytest.mark.timeout(120)
 
-# DIRECTLOG_* variables the chart sets ahead of the services: the memory-backed directory
-# for RDMA-writable head segments has no broker setting yet.
-PENDING_SETTINGS = {"DIRECTLOG_RDMA_HEAD_SEGMENTS_DIR"}
+# DIRECTLOG_* variables the chart sets ahead of the services (none now).
+PENDING_SETTINGS: set[str] = set()
+# What the admin CLI reads in a broker container (`kubectl exec ... -- directlog`).
+CLI_VARIABLES = {"DIRECTLOG_BOOTSTRAP_SERVERS"}
+POD_IP = "10.244.1.5"  # PodFacts' status.podIP
 
 
 def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -50,7 +52,8 @@ def _unknown_variables(env: dict[str, str], prefix: str, cls: type[Any]) -> set[
     """Variables with the service's prefix that name none of its settings (and are not
     known to be pending)."""
     known = {prefix + name.upper() for name in cls.model_fields} | {cls.config_env}
-    return {n for n in env if n.startswith(prefix) and n not in known} - PENDING_SETTINGS
+    unknown = {n for n in env if n.startswith(prefix) and n not in known}
+    return unknown - PENDING_SETTINGS - CLI_VARIABLES
 
 
 def _host(kind: str, ordinal: int) -> str:
@@ -61,8 +64,15 @@ def _host(kind: str, ordinal: int) -> str:
 
 BROKER_SCENARIOS = [
     "default", "external-nodeport", "external-loadbalancer", "rack-topics-hdfs",
-    "s3-tiering", "rdma-sriov",
+    "s3-tiering", "rdma-sriov", "listen-pod-ip",
 ]  # fmt: skip
+
+
+def _listen_host(name: str) -> str:
+    """Where the scenario's processes listen: 0.0.0.0 by default, else the pod's IP."""
+    return POD_IP if SCENARIOS[name].get("listenAddress") == "podIP" else "0.0.0.0"
+
+
 ZONE = "eu-west-1b"
 
 
@@ -93,11 +103,16 @@ def test_broker_gets_node_id_listeners_and_controllers(
         assert settings.node_id == ordinal
         assert _unknown_variables(env, "DIRECTLOG_", BrokerSettings) == set()
         internal = settings.listeners[0]
-        assert (internal.name, internal.host, internal.port) == ("INTERNAL", "0.0.0.0", 9092)
+        listen = _listen_host(name)
+        assert (internal.name, internal.host, internal.port) == ("INTERNAL", listen, 9092)
         assert internal.advertised_host == _host("broker", ordinal)
         assert internal.advertised_port == 9092
         assert settings.inter_broker() == "INTERNAL"
-        assert settings.host == "0.0.0.0"  # metrics (probes, Prometheus) listen on it
+        assert settings.host == listen  # metrics (probes, Prometheus) listen on it
+        # The admin CLI in the container reaches its broker: on localhost, or by name.
+        cli = env.get("DIRECTLOG_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+        by_name = f"{_host('broker', ordinal)}:9092"
+        assert cli == ("127.0.0.1:9092" if listen == "0.0.0.0" else by_name)
         assert str(settings.data_dir) == "/var/lib/directlog/data"
         assert settings.controllers == [f"{_host('controller', i)}:9190" for i in range(2)]
         # The advertised name is the pod's through the StatefulSet's headless Service.
@@ -107,7 +122,7 @@ def test_broker_gets_node_id_listeners_and_controllers(
             continue
         assert [listener.name for listener in settings.listeners] == ["INTERNAL", "EXTERNAL"]
         outside = settings.listeners[1]
-        assert (outside.host, outside.port) == ("0.0.0.0", 9094)
+        assert (outside.host, outside.port) == (listen, 9094)
         hosts = external.get("advertisedHosts", [])
         given = hosts[ordinal] if ordinal < len(hosts) else ""
         if external["type"] == "NodePort":
@@ -165,10 +180,20 @@ def test_broker_and_sidecar_share_the_store(
     assert tiering.metrics_host == "0.0.0.0"
 
 
+def test_sidecar_metrics_on_the_pod_ip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sts = one(scenario("listen-pod-ip"), "StatefulSet", component("broker"))
+    facts = PodFacts(f"{component('broker')}-0", NAMESPACE)
+    sidecar = _container(sts["spec"]["template"]["spec"], "tiering")
+    [call] = run_container(sidecar, facts, tmp_path, ["directlog-tiering"])
+    tiering = _settings_from_env(monkeypatch, TieringSettings, call.env)
+    assert tiering.metrics_host == POD_IP
+    assert tiering.broker == "127.0.0.1:9393"  # the broker's side stays on the pod's localhost
+
+
 # Consensus and controllers ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["default", "consensus-5"])
+@pytest.mark.parametrize("name", ["default", "consensus-5", "listen-pod-ip"])
 def test_consensus_members_from_ordinals(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,7 +221,8 @@ def test_consensus_members_from_ordinals(
         settings = ConsensusSettings()
         assert sorted(settings.members) == list(range(1, size + 1))
         for member_id, addresses in settings.members.items():
-            host = "0.0.0.0" if member_id == ordinal + 1 else _host("consensus", member_id - 1)
+            own = member_id == ordinal + 1
+            host = _listen_host(name) if own else _host("consensus", member_id - 1)
             assert parse_address(addresses.client) == (host, 2181)
             assert parse_address(addresses.peer) == (host, 2888)
             assert addresses.metrics is not None
@@ -216,7 +242,7 @@ def test_consensus_session_secret_from_a_secret(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.parametrize("name", ["default", "consensus-5"])
+@pytest.mark.parametrize("name", ["default", "consensus-5", "listen-pod-ip"])
 def test_controllers_get_ids_and_the_ensemble(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,7 +260,7 @@ def test_controllers_get_ids_and_the_ensemble(
             monkeypatch, ControllerSettings, call.env, controller_id=ordinal
         )
         assert settings.advertised_host == _host("controller", ordinal)
-        assert settings.host == "0.0.0.0"
+        assert settings.host == _listen_host(name)
         hosts = settings.consensus.split(",")
         assert hosts == [f"{_host('consensus', i)}:2181" for i in range(size)]
 

@@ -67,6 +67,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("bad topic name", {"topics": [{"name": "a topic"}]}, ["/topics/0/name"]),
     ("topic without a name", {"topics": [{"partitions": 3}]}, ["/topics/0", "name"]),
     ("bad external type", {"broker": {"external": {"type": "Ingress"}}}, ["/broker/external/type"]),
+    ("listen on a name", {"listenAddress": "localhost"}, ["/listenAddress"]),
 ]  # fmt: skip
 
 

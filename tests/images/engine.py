@@ -38,13 +38,15 @@ def image(name: str) -> str:
     return f"directlog/{name}:{version()}"
 
 
-def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def docker(
+    *args: str, check: bool = True, timeout: float = COMMAND_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [DOCKER, *args],
         capture_output=True,
         text=True,
         check=check,
-        timeout=COMMAND_TIMEOUT,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
 

@@ -100,6 +100,27 @@ imagePullSecrets:
 {{- join "," $hosts -}}
 {{- end -}}
 
+{{/* Where a process listens (listenAddress): the address, or with "podIP" the pod's own IP
+from the POD_IP variable (directlog.podIPEnv): "$(POD_IP)" in env values, "$POD_IP" in
+shell scripts. (dict "root" $ "shell" true) */}}
+{{- define "directlog.listenHost" -}}
+{{- if eq .root.Values.listenAddress "podIP" -}}
+{{- if .shell -}}$POD_IP{{- else -}}$(POD_IP){{- end -}}
+{{- else -}}
+{{- .root.Values.listenAddress -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The POD_IP env entry directlog.listenHost refers to, when listenAddress is "podIP". */}}
+{{- define "directlog.podIPEnv" -}}
+{{- if eq .Values.listenAddress "podIP" }}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
+{{- end -}}
+
 {{/* The in-cluster bootstrap address: the brokers' client Service. */}}
 {{- define "directlog.bootstrap" -}}
 {{- printf "%s.%s.svc.%s:%d" (include "directlog.componentName" (dict "root" . "component" "broker")) .Release.Namespace .Values.clusterDomain (int .Values.broker.ports.internal) -}}
