@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Collection
 from typing import TextIO
 
 from directlog.admin import leaders, reassignment
 from directlog.admin.output import Report, Table
 from directlog.admin.plans import Assignment, PlanError, balance_plan, drain_plan, plan_document
 from directlog.admin.session import AdminError, ClusterView, Session
+
+
+class DrainRefused(AdminError):
+    """The drain would leave a partition with fewer replicas: nothing was submitted."""
 
 
 def list_brokers(session: Session) -> Report:
@@ -46,10 +51,19 @@ def _moves_table(view: ClusterView, plan: Assignment) -> Table:
 
 
 def drain(
-    session: Session, broker: int, wait: bool, throttle: int | None, progress: TextIO = sys.stderr
+    session: Session,
+    broker: int,
+    wait: bool,
+    throttle: int | None,
+    progress: TextIO = sys.stderr,
+    *,
+    deadline: float | None = None,
+    keep_off: Collection[int] = (),
 ) -> Report:
     """Every replica of `broker` moved to the other live brokers (plans.drain_plan);
-    refused whole when a partition could not keep its replica count."""
+    refused whole (DrainRefused) when a partition could not keep its replica count.
+    `keep_off`: brokers that get none of the replicas either (they are leaving too);
+    `deadline` (time.monotonic()) bounds the wait (reassignment.WaitTimeout)."""
     if broker < 0:
         raise AdminError(f"broker ids are >= 0, not {broker}")
     view = session.cluster()
@@ -64,13 +78,14 @@ def drain(
             notes=[f"Broker {broker} holds no replicas: nothing to move."],
         )
     try:
-        plan = drain_plan(view.assignment, broker, list(view.brokers.values()))
+        live = [b for b in view.brokers.values() if b.id not in keep_off]
+        plan = drain_plan(view.assignment, broker, live)
     except PlanError as error:
-        raise AdminError(f"{error}; nothing was submitted") from None
+        raise DrainRefused(f"{error}; nothing was submitted") from None
     report = reassignment.execute(session, plan, throttle, view)
     report.data = {"broker": broker, "plan": plan_document(plan), **_dict(report.data)}
     if wait:
-        reassignment.wait(session, plan, progress)
+        reassignment.wait(session, plan, progress, deadline)
         report.notes.append(f"Broker {broker} holds no replicas any more.")
     else:
         report.notes.append(

@@ -47,6 +47,15 @@ POLL_INTERVAL = 1.0  # seconds between looks at a running reassignment
 DONE, IN_PROGRESS, DIFFERS = "done", "in progress", "differs"
 
 
+class InProgressError(AdminError):
+    """A reassignment of a planned partition is running already: nothing was submitted."""
+
+
+class WaitTimeout(AdminError):
+    """`wait` reached its deadline before every partition had its target replicas (the
+    reassignment itself keeps running)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ongoing:
     replicas: tuple[int, ...]
@@ -203,7 +212,7 @@ def execute(
     busy = ongoing(session, moving)
     if busy:
         named = ", ".join(str(p) for p in sorted(busy))
-        raise AdminError(
+        raise InProgressError(
             f"reassignments of {named} are still in progress: nothing was submitted "
             "(wait for them, or `directlog reassign cancel` them first)"
         )
@@ -325,11 +334,17 @@ def _status_report(statuses: Sequence[PartitionStatus]) -> Report:
     return Report(rows, [table])
 
 
-def wait(session: Session, plan: Assignment, progress: TextIO = sys.stderr) -> None:
+def wait(
+    session: Session,
+    plan: Assignment,
+    progress: TextIO = sys.stderr,
+    deadline: float | None = None,
+) -> None:
     """Until every partition of `plan` has its target replicas, then the throttles are
     removed. Progress goes to `progress` as it changes. A partition that is neither moving
     nor at its target for longer than the session timeout fails the wait (the metadata
-    may trail the controller by a moment); Ctrl-C stops waiting, not the reassignment."""
+    may trail the controller by a moment); Ctrl-C stops waiting, not the reassignment.
+    With a `deadline` (time.monotonic()), WaitTimeout once it passes with moves left."""
     last = None
     differing_since: float | None = None
     while True:
@@ -352,7 +367,16 @@ def wait(session: Session, plan: Assignment, progress: TextIO = sys.stderr) -> N
                 )
         else:
             differing_since = None
-        time.sleep(POLL_INTERVAL)
+        if deadline is not None and time.monotonic() >= deadline:
+            left = ", ".join(str(s.partition) for s in statuses if s.state != DONE)
+            raise WaitTimeout(
+                f"{done} of {len(statuses)} partition(s) had their target replicas by the "
+                f"deadline; still moving: {left}"
+            )
+        pause = (
+            POLL_INTERVAL if deadline is None else min(POLL_INTERVAL, deadline - time.monotonic())
+        )
+        time.sleep(max(0.0, pause))
     view = session.cluster([])
     removed = clear_throttles(session, {p.topic for p in plan}, view.brokers)
     if removed:

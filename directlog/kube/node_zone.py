@@ -3,9 +3,8 @@
 Pods cannot read their node's labels through the downward API, so the broker pods' init
 container runs this to learn their zone (``topology.kubernetes.io/zone``), which the broker
 reads into DIRECTLOG_RACK for rack-aware replica assignment. It talks to the API server the
-way in-cluster clients do: ``KUBERNETES_SERVICE_HOST`` and ``KUBERNETES_SERVICE_PORT``,
-the ServiceAccount's token and CA bundle from ``/var/run/secrets/kubernetes.io/serviceaccount``,
-``GET /api/v1/nodes/<name>`` (the ServiceAccount needs ``get`` on ``nodes``).
+way in-cluster clients do (directlog/kube/api.py): ``GET /api/v1/nodes/<name>`` with the
+ServiceAccount's token (which needs ``get`` on ``nodes``).
 
 A node without the label gets an empty file (the broker then runs without a rack) unless
 ``--required``; an API error or an unreachable API server is retried until ``--timeout``,
@@ -15,81 +14,54 @@ then the process exits non-zero so the kubelet restarts the init container.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import logging
 import os
-import ssl
 import sys
 import time
-import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
+
+from directlog.kube.api import (
+    MAX_RESPONSE_BYTES,
+    REQUEST_TIMEOUT,
+    SERVICE_ACCOUNT_DIR,
+    ApiError,
+    ApiServer,
+    get,
+    node_path,
+)
+
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "SERVICE_ACCOUNT_DIR",
+    "ApiServer",
+    "LabelMissingError",
+    "NodeLookupError",
+    "lookup",
+    "main",
+    "node_labels",
+    "write_label",
+]
 
 log = logging.getLogger("directlog.kube.node_zone")
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 ZONE_LABEL = "topology.kubernetes.io/zone"
-MAX_RESPONSE_BYTES = 4 * 1024 * 1024  # a Node object is a few KiB; refuse anything absurd
-REQUEST_TIMEOUT = 10.0  # seconds for one request
 RETRY_SECONDS = 2.0
 
-
-class NodeLookupError(RuntimeError):
-    """The node could not be read (HTTP error, bad answer); retrying may help."""
+# The node could not be read (HTTP error, bad answer); retrying may help.
+NodeLookupError = ApiError
 
 
 class LabelMissingError(RuntimeError):
     """The node has no such label and the caller required it."""
 
 
-@dataclass(frozen=True, slots=True)
-class ApiServer:
-    """Where and how to reach the API server from inside a pod."""
-
-    host: str
-    port: int
-    token: str
-    ca_file: Path
-
-    @classmethod
-    def in_cluster(cls, service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> ApiServer:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
-        if not host or not port.isdigit():
-            raise NodeLookupError(
-                "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set: not in a pod?"
-            )
-        token = (service_account_dir / "token").read_text(encoding="utf-8").strip()
-        return cls(host, int(port), token, service_account_dir / "ca.crt")
-
-
 def node_labels(api: ApiServer, node: str, timeout: float = REQUEST_TIMEOUT) -> dict[str, str]:
     """The labels of ``node``, read with one GET over TLS checked against the CA bundle."""
-    context = ssl.create_default_context(cafile=str(api.ca_file))
-    host = api.host.strip("[]")  # an IPv6 service address comes bracketed or not
-    conn = http.client.HTTPSConnection(host, api.port, timeout=timeout, context=context)
-    path = "/api/v1/nodes/" + urllib.parse.quote(node, safe="")
+    path = node_path(node)
+    document = get(api, path, timeout)
     try:
-        conn.request(
-            "GET",
-            path,
-            headers={"Authorization": f"Bearer {api.token}", "Accept": "application/json"},
-        )
-        response = conn.getresponse()
-        body = response.read(MAX_RESPONSE_BYTES + 1)
-    except (OSError, http.client.HTTPException) as error:
-        raise NodeLookupError(f"GET {path}: {error}") from error
-    finally:
-        conn.close()
-    if response.status != 200:
-        reason = body[:200].decode("utf-8", "replace")
-        raise NodeLookupError(f"GET {path}: HTTP {response.status} {reason}")
-    if len(body) > MAX_RESPONSE_BYTES:
-        raise NodeLookupError(f"GET {path}: answer larger than {MAX_RESPONSE_BYTES} bytes")
-    try:
-        labels = json.loads(body)["metadata"].get("labels") or {}
-    except (ValueError, KeyError, AttributeError, TypeError) as error:
+        labels = document["metadata"].get("labels") or {}
+    except (KeyError, AttributeError, TypeError) as error:
         raise NodeLookupError(f"GET {path}: not a Node object: {error}") from error
     if not isinstance(labels, dict):
         raise NodeLookupError(f"GET {path}: metadata.labels is not a map")

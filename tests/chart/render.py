@@ -110,6 +110,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
         "tiering": {"enabled": True, "remote": "file:///mnt/remote"},
     },
+    # No drain on scale-down: no preStop hook, no Role, no token in the broker container;
+    # an existing ServiceAccount.
+    "scale-down-drain-off": {
+        "broker": {
+            "scaleDown": {"drain": {"enabled": False}},
+            "serviceAccount": {"create": False, "name": "brokers"},
+        }
+    },
     "rack-topics-hdfs": {
         "broker": {"rack": {"enabled": True}},
         "tiering": {

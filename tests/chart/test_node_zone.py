@@ -3,141 +3,22 @@ API server: GET /api/v1/nodes/<name> with a bearer token, over TLS with its own 
 
 from __future__ import annotations
 
-import datetime
-import http.server
-import json
-import ssl
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from directlog.kube import node_zone
+from tests.chart.apiserver import TOKEN, ApiServerState, FakeApiServer, certificates
 
 pytestmark = pytest.mark.timeout(60)
 
-TOKEN = "token-of-the-broker-service-account"
 NODES = {
     "node-a": {"topology.kubernetes.io/zone": "eu-west-1a", "kubernetes.io/hostname": "node-a"},
     "node-b": {"kubernetes.io/hostname": "node-b"},  # no zone
 }
-
-
-@dataclass
-class ApiServerState:
-    requests: list[tuple[str, str | None]] = field(default_factory=list)
-    failures_left: int = 0  # answer 503 this many times first
-
-
-def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA, and a server certificate for 127.0.0.1 it signed: (ca.crt, server.crt, key)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-kubernetes-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    server = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(IPv4Address("127.0.0.1"))]), critical=False
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_path, cert_path, key_path = (
-        directory / "ca.crt",
-        directory / "server.crt",
-        directory / "server.key",
-    )
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert_path.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return ca_path, cert_path, key_path
-
-
-def _handler(state: ApiServerState) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            state.requests.append((self.path, self.headers.get("Authorization")))
-            if state.failures_left > 0:
-                state.failures_left -= 1
-                return self._answer(503, _status(503, "ServiceUnavailable", "starting"))
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                return self._answer(401, _status(401, "Unauthorized", "Unauthorized"))
-            prefix = "/api/v1/nodes/"
-            name = self.path.removeprefix(prefix)
-            if not self.path.startswith(prefix) or name not in NODES:
-                return self._answer(404, _status(404, "NotFound", f'nodes "{name}" not found'))
-            node = {
-                "kind": "Node",
-                "apiVersion": "v1",
-                "metadata": {"name": name, "labels": NODES[name]},
-                "status": {"nodeInfo": {"kubeletVersion": "v1.33.1"}},
-            }
-            self._answer(200, node)
-
-        def _answer(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "code": code}  # fmt: skip
 
 
 @dataclass
@@ -149,28 +30,13 @@ class FakeCluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
-    ca, cert, key = _certificates(tmp_path)
-    state = ApiServerState()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    (account / "token").write_text(TOKEN + "\n", encoding="utf-8")
-    (account / "ca.crt").write_bytes(ca.read_bytes())
-    (account / "namespace").write_text("streaming", encoding="utf-8")
-    port = server.server_address[1]
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(port))
-    try:
-        yield FakeCluster(port, account, state)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with FakeApiServer(tmp_path / "api") as api:
+        for name, labels in NODES.items():
+            api.put_node(name, labels)
+        account = api.write_service_account(tmp_path / "serviceaccount", "streaming")
+        for name, value in api.environment().items():
+            monkeypatch.setenv(name, value)
+        yield FakeCluster(api.port, account, api.state)
 
 
 def _main(cluster: FakeCluster, output: Path, *args: str) -> int:
@@ -247,7 +113,7 @@ def test_bad_token_is_an_error(cluster: FakeCluster) -> None:
 def test_untrusted_certificate_is_refused(cluster: FakeCluster, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
-    ca, _, _ = _certificates(other)
+    ca, _, _ = certificates(other)
     (cluster.service_account / "ca.crt").write_bytes(ca.read_bytes())
     api = node_zone.ApiServer.in_cluster(cluster.service_account)
     with pytest.raises(node_zone.NodeLookupError, match="CERTIFICATE_VERIFY_FAILED"):

@@ -439,14 +439,98 @@ def test_rack_lookup_rbac() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
     ]
-    # Only the init container gets the token, at the in-cluster path node_zone reads.
-    token_mounts = {
-        c["name"] for c in spec["containers"] + spec["initContainers"]
-        for m in c.get("volumeMounts", [])
-        if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
-    }  # fmt: skip
-    assert token_mounts == {"rack"}
+    # Only the init container and the broker (its scale-down hook) get the token, at the
+    # in-cluster path node_zone and scale_down read; not the tiering sidecar.
+    assert _token_mounts(spec) == {"rack", "broker"}
     assert not find(scenario("default"), "ClusterRole")
+
+
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _token_mounts(spec: dict[str, Any]) -> set[str]:
+    return {
+        c["name"] for c in spec["containers"] + spec.get("initContainers", [])
+        for m in c.get("volumeMounts", [])
+        if m["mountPath"] == SERVICE_ACCOUNT_PATH
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["default", "metrics", "rack-topics-hdfs", "listen-pod-ip"])
+def test_scale_down_drain_hook_and_rbac(name: str) -> None:
+    """The preStop hook runs directlog.kube.scale_down with what it reads: the pod's name,
+    the StatefulSet's name, the ServiceAccount's token; a Role lets it get that
+    StatefulSet and nothing else; the grace period covers the drain and the controlled
+    shutdown after it."""
+    from directlog.kube import scale_down
+
+    manifests = scenario(name)
+    sts = one(manifests, "StatefulSet", component("broker"))
+    spec = sts["spec"]["template"]["spec"]
+    [broker] = [c for c in spec["containers"] if c["name"] == "broker"]
+    command = broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["python3", "-m", "directlog.kube.scale_down"]
+    args = scale_down.build_parser().parse_args(command[3:])
+    assert args.timeout == 300
+    assert [c["name"] for c in spec["containers"] if "lifecycle" in c] == ["broker"]
+    env = {e["name"]: e for e in broker["env"]}
+    assert env["STATEFULSET_NAME"]["value"] == sts["metadata"]["name"]
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "DIRECTLOG_ADVERTISED_HOST" in env and "DIRECTLOG_PORT" in env
+    assert SERVICE_ACCOUNT_PATH in {m["mountPath"] for m in broker["volumeMounts"]}
+    assert "broker" in _token_mounts(spec) and "tiering" not in _token_mounts(spec)
+    [volume] = [v for v in spec["volumes"] if v["name"] == "kube-api-access"]
+    sources = volume["projected"]["sources"]
+    assert [sorted(s) for s in sources] == [["serviceAccountToken"], ["configMap"], ["downwardAPI"]]
+    assert spec["automountServiceAccountToken"] is False
+    # RBAC: get on this StatefulSet only, for the account the pods run as.
+    account = spec["serviceAccountName"]
+    assert one(manifests, "ServiceAccount", account)
+    role = one(manifests, "Role", f"{component('broker')}-scale-down")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["statefulsets"],
+         "resourceNames": [sts["metadata"]["name"]], "verbs": ["get"]}
+    ]  # fmt: skip
+    binding = one(manifests, "RoleBinding", f"{component('broker')}-scale-down")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+    }  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+    # 10 s of controlled shutdown, 30 s extra, 300 s of drain.
+    assert spec["terminationGracePeriodSeconds"] == 10 + 30 + 300
+
+
+def test_scale_down_drain_off() -> None:
+    manifests = scenario("scale-down-drain-off")
+    sts = one(manifests, "StatefulSet", component("broker"))
+    spec = sts["spec"]["template"]["spec"]
+    assert not [c for c in spec["containers"] if "lifecycle" in c]
+    assert _token_mounts(spec) == set()
+    assert not [v for v in spec["volumes"] if v["name"] == "kube-api-access"]
+    assert not find(manifests, "Role") and not find(manifests, "RoleBinding")
+    assert not find(manifests, "ServiceAccount")  # an existing one, by name
+    assert spec["serviceAccountName"] == "brokers"
+    assert spec["terminationGracePeriodSeconds"] == 10 + 30
+    [broker] = [c for c in spec["containers"] if c["name"] == "broker"]
+    assert "STATEFULSET_NAME" not in {e["name"] for e in broker["env"]}
+
+
+def test_scale_down_role_binds_the_account_in_use() -> None:
+    """With no ServiceAccount created and none named, the pods run as the namespace's
+    default account: the Role is bound to that one."""
+    from tests.chart.render import template
+
+    manifests = template({"broker": {"serviceAccount": {"create": False}}})
+    sts = one(manifests, "StatefulSet", component("broker"))
+    assert "serviceAccountName" not in sts["spec"]["template"]["spec"]
+    binding = one(manifests, "RoleBinding", f"{component('broker')}-scale-down")
+    assert binding["subjects"][0]["name"] == "default"
+    named = template({"broker": {"serviceAccount": {"create": False, "name": "brokers"}}})
+    binding = one(named, "RoleBinding", f"{component('broker')}-scale-down")
+    assert binding["subjects"][0]["name"] == "brokers"
 
 
 def test_external_services_one_per_broker() -> None:

@@ -61,6 +61,16 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"broker": {"controlledShutdownTimeoutMs": -5}},
         ["/broker/controlledShutdownTimeoutMs"],
     ),
+    (
+        "no time to drain",
+        {"broker": {"scaleDown": {"drain": {"timeoutSeconds": 0}}}},
+        ["/broker/scaleDown/drain/timeoutSeconds"],
+    ),
+    (
+        "unknown drain key",
+        {"broker": {"scaleDown": {"drain": {"enable": False}}}},
+        ["/broker/scaleDown/drain", "enable"],
+    ),
     ("unknown top-level key", {"brokers": {"replicaCount": 3}}, ["brokers", "not allowed"]),
     ("unknown component key", {"broker": {"replicas": 3}}, ["/broker", "replicas"]),
     ("bad port", {"broker": {"ports": {"internal": 70000}}}, ["/broker/ports/internal"]),

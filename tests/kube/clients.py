@@ -89,6 +89,16 @@ def directlog(node: Node, *args: str, pod: str = "directlog-broker-0", timeout: 
     return done.stdout
 
 
+Assignment = dict[tuple[str, int], list[int]]
+
+
+def assignment(node: Node) -> Assignment:
+    """Every partition of every topic (internal ones too) with its replicas, as
+    `directlog topics describe` lists them."""
+    topics = json.loads(directlog(node, "--output", "json", "topics", "describe"))
+    return {(t["topic"], p["partition"]): p["replicas"] for t in topics for p in t["partitions"]}
+
+
 # The programs run in the namespace ------------------------------------------------------
 
 

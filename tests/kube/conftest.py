@@ -1,7 +1,9 @@
 """One cluster for the session: the chart rendered with small resources (3 consensus
 members, 2 controllers, 3 brokers, tiering off), every pod started by tests/kube/kubelet.py
-from the images `make images` builds (the images fixture of tests/images). Its containers
-and host directories are removed at the end, whatever happened."""
+from the images `make images` builds (the images fixture of tests/images), with the test
+API server (tests/chart/apiserver.py) serving the StatefulSets' replicas to the brokers'
+scale-down hook. Its containers and host directories are removed at the end, whatever
+happened."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chart.apiserver import FakeApiServer
 from tests.chart.render import template
 from tests.images.conftest import BUILD_TIMEOUT, images  # noqa: F401 (the session fixture)
 from tests.kube.kubelet import Node
@@ -48,12 +51,13 @@ VALUES = {
 @pytest.fixture(scope="session")
 def cluster(images: None) -> Iterator[Node]:  # noqa: F811
     root = Path(tempfile.mkdtemp(prefix="directlog-kube-"))
-    node = Node(template(VALUES), root)
-    try:
-        node.install(INSTALL_TIMEOUT)
-        yield node
-    finally:
-        node.close()
+    with FakeApiServer(root / "api-server") as api:
+        node = Node(template(VALUES), root, api=api)
+        try:
+            node.install(INSTALL_TIMEOUT)
+            yield node
+        finally:
+            node.close()
 
 
 @pytest.fixture

@@ -21,7 +21,15 @@ of the StatefulSet controller, kube-dns and kube-proxy that pods need, and no AP
 - Probes as the kubelet runs them: the startup probe, then readiness and liveness; httpGet,
   tcpSocket or exec; every periodSeconds after initialDelaySeconds; failureThreshold
   failures in a row turn a container unready (readiness) or restart it (liveness, startup).
-- Deleting a pod: SIGTERM to its containers, SIGKILL after terminationGracePeriodSeconds.
+- The API server, when given one (tests/chart/apiserver.py, HTTPS on 127.0.0.1): it serves
+  every StatefulSet with its current replicas (`scale` sets them first, as `kubectl scale`
+  does) and this node; every container gets KUBERNETES_SERVICE_HOST/PORT pointing at it,
+  and `projected` volumes get its token, its CA (the `kube-root-ca.crt` ConfigMap every
+  namespace has) and the downward API's fields.
+- Deleting a pod, or restarting a container after a failed probe: each container's preStop
+  hook (exec) runs in it first, within the grace period, then SIGTERM with what is left of
+  the grace period (at least 2 s, as the kubelet gives), SIGKILL after that; the
+  containers stop in parallel, each after its own hook.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.chart.apiserver import FakeApiServer
 from tests.chart.pods import PodFacts, container_env, expand
 from tests.images.engine import docker
 
@@ -49,6 +58,7 @@ Manifest = dict[str, Any]
 LABEL = "directlog.test=kube"
 FIRST_ADDRESS = 20  # pods get 127.0.0.20 and up; 127.0.0.1 stays the host's
 PROBE_TICK = 0.2  # seconds between looks at which probes are due
+MINIMUM_GRACE = 2  # seconds the kubelet still gives after a hook that used the grace period
 INIT_TIMEOUT = 300.0  # one init container, to completion
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
 
@@ -108,14 +118,25 @@ class Container:
 
 
 @dataclass(frozen=True)
+class HookRun:
+    """A preStop hook's run: its exit code (None: still running when the grace period
+    ended) and its output (what the kubelet puts in a FailedPreStopHook event)."""
+
+    code: int | None
+    output: str
+
+
+@dataclass(frozen=True)
 class Exit:
     """How a container ended: its exit code, whether the kernel killed it for memory, and
-    how often the engine restarted it after it exited (restartPolicy Always)."""
+    how often the engine restarted it after it exited (restartPolicy Always); its preStop
+    hook's run, if it has one."""
 
     code: int
     oom_killed: bool
     engine_restarts: int
     logs: str = field(default="", compare=False, repr=False)  # the end of its output
+    pre_stop: HookRun | None = field(default=None, compare=False, repr=False)
 
 
 class Pod:
@@ -175,7 +196,10 @@ class Pod:
 
     def _options(self, spec: Manifest, volumes: dict[str, Path]) -> list[str]:
         """`docker run` options, image and arguments of one container of the pod."""
-        env = container_env(spec, self.facts)
+        # The `kubernetes` Service's variables come first: the kubelet sets them in every
+        # container, whatever enableServiceLinks says.
+        api = self.node.api.environment() if self.node.api else {}
+        env = {**api, **container_env(spec, self.facts)}
         pod_context = self.spec.get("securityContext", {})
         context = {**pod_context, **spec.get("securityContext", {})}
         run = f"directlog.kube.run={self.node.run}"
@@ -229,6 +253,8 @@ class Pod:
             elif "secret" in volume:
                 data = self.node.secrets[volume["secret"]["secretName"]]
                 _write_items(path, data, volume["secret"], fs_group)
+            elif "projected" in volume:
+                self._project(path, volume["projected"], fs_group)
             elif "persistentVolumeClaim" in volume:
                 path = self.node.claim(volume["persistentVolumeClaim"]["claimName"], fs_group)
             else:
@@ -238,6 +264,30 @@ class Pod:
             name = template["metadata"]["name"]
             out[name] = self.node.claim(f"{name}-{self.name}", fs_group)
         return out
+
+    def _project(self, path: Path, projected: Manifest, fs_group: int | None) -> None:
+        """A projected volume: the ServiceAccount token, ConfigMap and Secret keys and
+        downward API fields as files."""
+        mode = projected.get("defaultMode", 0o644)
+        path.mkdir(parents=True)
+        for source in projected["sources"]:
+            if "serviceAccountToken" in source:
+                assert self.node.api, f"{self.name}: a ServiceAccount token without an API server"
+                data = {"token": self.node.api.token}
+                items = [{"key": "token", "path": source["serviceAccountToken"]["path"]}]
+                _write_items(path, data, {"items": items, "defaultMode": mode}, fs_group)
+            elif "configMap" in source or "secret" in source:
+                kind = "configMap" if "configMap" in source else "secret"
+                name = source[kind]["name"]
+                data = (self.node.config_maps if kind == "configMap" else self.node.secrets)[name]
+                _write_items(path, data, {"defaultMode": mode, **source[kind]}, fs_group)
+            elif "downwardAPI" in source:
+                items = source["downwardAPI"]["items"]
+                data = {i["path"]: self.facts.field(i["fieldRef"]["fieldPath"]) for i in items}
+                keyed = [{"key": i["path"], "path": i["path"]} for i in items]
+                _write_items(path, data, {"items": keyed, "defaultMode": mode}, fs_group)
+            else:
+                raise NotImplementedError(f"{self.name}: projected source {sorted(source)}")
 
     # Probes ------------------------------------------------------------------------------
 
@@ -277,12 +327,40 @@ class Pod:
 
     def _restart(self, container: Container, why: str) -> None:
         """What the kubelet does when a liveness or startup probe fails: stop the container
-        within the grace period and start it again, in the same pod."""
+        within the grace period (its preStop hook first) and start it again, in the same
+        pod."""
         grace = int(self.spec.get("terminationGracePeriodSeconds", 30))
         self.node.events.append(f"{self.name}/{container.name}: {why} probe failed, restarting")
-        docker("restart", "--time", str(grace), container.id, check=False, timeout=grace + 120)
+        _, left = self._pre_stop(container, grace)
+        docker("restart", "--time", str(left), container.id, check=False, timeout=left + 120)
         container.restarts += 1
         container.reset(time.monotonic())
+
+    def _pre_stop(self, container: Container, grace: int) -> tuple[HookRun | None, int]:
+        """The container's preStop hook run in it as the kubelet runs it, bounded by the
+        grace period; the hook's run and the seconds of grace left for SIGTERM."""
+        hook = container.spec.get("lifecycle", {}).get("preStop")
+        if hook is None or not container.id:
+            return None, grace
+        assert set(hook) == {"exec"}, f"{self.name}/{container.name}: preStop {sorted(hook)}"
+        started = time.monotonic()
+        try:
+            done = docker(
+                "exec", container.id, *hook["exec"]["command"], check=False, timeout=grace
+            )
+            run = HookRun(done.returncode, done.stdout + done.stderr)
+        except subprocess.TimeoutExpired as expired:
+            output = [
+                o.decode() if isinstance(o, bytes) else o or ""
+                for o in (expired.stdout, expired.stderr)
+            ]
+            run = HookRun(None, "".join(output))
+        if run.code != 0:
+            what = f"{self.name}/{container.name}: FailedPreStopHook ({run.code})"
+            self.node.events.append(f"{what}: {run.output[-2000:]}")
+        # The kubelet counts whole seconds the hook took against the grace period.
+        left = max(MINIMUM_GRACE, grace - int(time.monotonic() - started))
+        return run, left
 
     def _probe(self, container: Container, probe: Probe) -> bool:
         spec = probe.spec
@@ -334,17 +412,35 @@ class Pod:
         if self._prober.is_alive():
             self._prober.join()
         grace = int(self.spec.get("terminationGracePeriodSeconds", 30))
-        ids = [c.id for c in self.containers if c.id]
+        hooks: dict[str, HookRun | None] = {}
+
+        def stop(container: Container) -> None:
+            hooks[container.name], left = self._pre_stop(container, grace)
+            docker("stop", "--time", str(left), container.id, check=False, timeout=left + 120)
+
+        stopping = [
+            threading.Thread(target=stop, args=(c,), name=f"stop {self.name}/{c.name}")
+            for c in self.containers
+            if c.id
+        ]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
         exits: dict[str, Exit] = {}
-        if ids:
-            docker("stop", "--time", str(grace), *ids, check=False, timeout=grace + 120)
         for container in self.containers:
             if not container.id:
                 continue
             status = "{{.State.ExitCode}} {{.State.OOMKilled}} {{.RestartCount}}"
             state = docker("inspect", "--format", status, container.id).stdout.split()
             logs = self.logs(container.name)
-            exits[container.name] = Exit(int(state[0]), state[1] == "true", int(state[2]), logs)
+            exits[container.name] = Exit(
+                int(state[0]),
+                state[1] == "true",
+                int(state[2]),
+                logs,
+                hooks.get(container.name),
+            )
             docker("rm", "--force", container.id, check=False)
             self.node.container_ids.discard(container.id)
             container.ready = False
@@ -358,7 +454,7 @@ class Pod:
 
 def _write_items(path: Path, data: dict[str, str], source: Manifest, fs_group: int | None) -> None:
     """A ConfigMap's or Secret's keys as files (`items` picks and renames them)."""
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, exist_ok=True)
     items = source.get("items") or [{"key": k, "path": k} for k in data]
     for item in items:
         target = path / item["path"]
@@ -379,8 +475,10 @@ class Node:
         *,
         domain: str = "cluster.local",
         spare: int = 1,
+        api: FakeApiServer | None = None,
     ) -> None:
         self.root = root
+        self.api = api
         self.domain = domain
         self.node_name = socket.gethostname()
         self.run = uuid.uuid4().hex[:8]
@@ -406,6 +504,13 @@ class Node:
         self.replicas = {n: int(s["spec"]["replicas"]) for n, s in self.statefulsets.items()}
         self.addresses = self._allocate(spare)
         self.pods: dict[str, Pod] = {}
+        if api is not None:
+            # What the API server holds: the StatefulSets, this node, and the ConfigMap with
+            # the cluster's CA that every namespace gets.
+            for name, manifest in self.statefulsets.items():
+                api.put_statefulset(self.namespace, name, self.replicas[name], manifest)
+            api.put_node(self.node_name, {"kubernetes.io/hostname": self.node_name})
+            self.config_maps.setdefault("kube-root-ca.crt", {"ca.crt": api.ca_pem})
 
     # Addresses and names -------------------------------------------------------------------
 
@@ -519,9 +624,12 @@ class Node:
         return exits
 
     def scale(self, statefulset: str, replicas: int, timeout: float) -> dict[str, dict[str, Exit]]:
-        """`kubectl scale`: new ordinals started (and Ready), or the highest ones deleted
-        one at a time; how the deleted pods' containers ended."""
+        """`kubectl scale`: the StatefulSet's replicas set (in the API server, when there is
+        one), then new ordinals started (and Ready), or the highest ones deleted one at a
+        time; how the deleted pods' containers ended."""
         current = self.replicas[statefulset]
+        if self.api is not None:
+            self.api.set_replicas(self.namespace, statefulset, replicas)
         exits = {}
         for ordinal in range(current, replicas):
             self.start(f"{statefulset}-{ordinal}")

@@ -3,7 +3,8 @@ an acks=all producer and a consumer group that run throughout (tests/kube/worklo
 each pod gets SIGTERM and its grace period, its replacement must be Ready (and the
 producer acknowledged again) before the next one goes, and afterwards the history shows no
 send failed, no client was told of an error it could not retry, nothing acknowledged was
-lost and the group read all of it."""
+lost and the group read all of it. The brokers' preStop hook (the scale-down drain) sees
+the StatefulSet keep its replicas and exits at once: no replica moves."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.images.engine import REPO
-from tests.kube.clients import BOOTSTRAP, CLIENT_TIMEOUT, directlog, in_cluster, kcat_read, python
+from tests.kube.clients import (
+    BOOTSTRAP,
+    CLIENT_TIMEOUT,
+    assignment,
+    directlog,
+    in_cluster,
+    kcat_read,
+    python,
+)
 from tests.kube.conftest import READY_TIMEOUT, SETUP_TIMEOUT
 from tests.kube.kubelet import Exit, Node
 from tests.kube.workload import PARTITIONS, History, check
@@ -78,10 +87,20 @@ def test_rolling_restart_of_every_statefulset_loses_nothing(
     cluster: Node, workload: Workload, scratch: Path
 ) -> None:
     workload.progress()
+    before = assignment(cluster)
     exits: dict[str, dict[str, Exit]] = {}
     for statefulset in STATEFULSETS:
         exits.update(cluster.rollout_restart(statefulset, READY_TIMEOUT, workload.progress))
     history = workload.stop()
+    # A restart is no scale-down: each broker's hook said so and exited 0, and no partition
+    # that existed before the restart has other replicas now.
+    for ordinal in range(STATEFULSETS["directlog-broker"]):
+        hook = exits[f"directlog-broker-{ordinal}"]["broker"].pre_stop
+        assert hook is not None, "the broker container has no preStop hook"
+        assert hook.code == 0, hook.output
+        assert f"broker {ordinal} stays" in hook.output and "no drain" in hook.output, hook.output
+    after = assignment(cluster)
+    assert {p: after.get(p) for p in before} == before
     # Every pod was replaced, and every container stopped by itself within its grace period.
     assert sorted(exits) == sorted(f"{s}-{i}" for s, n in STATEFULSETS.items() for i in range(n))
     ended = {f"{pod}/{c}": e for pod, containers in exits.items() for c, e in containers.items()}
