@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from directlog.kube.api import (
-    MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT,
     SERVICE_ACCOUNT_DIR,
     ApiError,
@@ -30,25 +29,10 @@ from directlog.kube.api import (
     node_path,
 )
 
-__all__ = [
-    "MAX_RESPONSE_BYTES",
-    "SERVICE_ACCOUNT_DIR",
-    "ApiServer",
-    "LabelMissingError",
-    "NodeLookupError",
-    "lookup",
-    "main",
-    "node_labels",
-    "write_label",
-]
-
 log = logging.getLogger("directlog.kube.node_zone")
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RETRY_SECONDS = 2.0
-
-# The node could not be read (HTTP error, bad answer); retrying may help.
-NodeLookupError = ApiError
 
 
 class LabelMissingError(RuntimeError):
@@ -62,9 +46,9 @@ def node_labels(api: ApiServer, node: str, timeout: float = REQUEST_TIMEOUT) -> 
     try:
         labels = document["metadata"].get("labels") or {}
     except (KeyError, AttributeError, TypeError) as error:
-        raise NodeLookupError(f"GET {path}: not a Node object: {error}") from error
+        raise ApiError(f"GET {path}: not a Node object: {error}") from error
     if not isinstance(labels, dict):
-        raise NodeLookupError(f"GET {path}: metadata.labels is not a map")
+        raise ApiError(f"GET {path}: metadata.labels is not a map")
     return {str(k): str(v) for k, v in labels.items()}
 
 
@@ -93,7 +77,7 @@ def lookup(
                 api, node, timeout=max(0.1, min(REQUEST_TIMEOUT, deadline - time.monotonic()))
             )
             break
-        except NodeLookupError as error:
+        except ApiError as error:
             if time.monotonic() + retry_seconds >= deadline:
                 raise
             log.warning("%s; retrying in %.0f s", error, retry_seconds)
@@ -129,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             required=args.required,
             deadline=time.monotonic() + args.timeout,
         )
-    except (NodeLookupError, LabelMissingError, OSError) as error:
+    except (ApiError, LabelMissingError, OSError) as error:
         print(f"node_zone: {error}", file=sys.stderr)
         return 1
     write_label(args.output, value)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from directlog.kube import node_zone
+from directlog.kube.api import ApiError, ApiServer
 from tests.chart.apiserver import TOKEN, ApiServerState, FakeApiServer, certificates
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,7 +86,7 @@ def test_missing_zone_fails_when_required(
 
 def test_retries_while_the_api_server_is_unavailable(cluster: FakeCluster, tmp_path: Path) -> None:
     cluster.state.failures_left = 2
-    api = node_zone.ApiServer.in_cluster(cluster.service_account)
+    api = ApiServer.in_cluster(cluster.service_account)
     deadline = time.monotonic() + 10
     zone = node_zone.lookup(
         api, "node-a", node_zone.ZONE_LABEL, deadline=deadline, retry_seconds=0.05
@@ -105,8 +106,8 @@ def test_gives_up_at_the_deadline(
 
 def test_bad_token_is_an_error(cluster: FakeCluster) -> None:
     (cluster.service_account / "token").write_text("stolen", encoding="utf-8")
-    api = node_zone.ApiServer.in_cluster(cluster.service_account)
-    with pytest.raises(node_zone.NodeLookupError, match="HTTP 401"):
+    api = ApiServer.in_cluster(cluster.service_account)
+    with pytest.raises(ApiError, match="HTTP 401"):
         node_zone.node_labels(api, "node-a")
 
 
@@ -115,13 +116,13 @@ def test_untrusted_certificate_is_refused(cluster: FakeCluster, tmp_path: Path) 
     other.mkdir()
     ca, _, _ = certificates(other)
     (cluster.service_account / "ca.crt").write_bytes(ca.read_bytes())
-    api = node_zone.ApiServer.in_cluster(cluster.service_account)
-    with pytest.raises(node_zone.NodeLookupError, match="CERTIFICATE_VERIFY_FAILED"):
+    api = ApiServer.in_cluster(cluster.service_account)
+    with pytest.raises(ApiError, match="CERTIFICATE_VERIFY_FAILED"):
         node_zone.node_labels(api, "node-a")
     assert cluster.state.requests == []  # no token sent to a server it cannot trust
 
 
 def test_outside_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(node_zone.NodeLookupError, match="not in a pod"):
-        node_zone.ApiServer.in_cluster(tmp_path)
+    with pytest.raises(ApiError, match="not in a pod"):
+        ApiServer.in_cluster(tmp_path)
