@@ -43,8 +43,11 @@ class PodFacts:
     host_ip: str = "10.0.0.7"
     pod_ip: str = "10.244.1.5"
     secrets: dict[tuple[str, str], str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def field(self, path: str) -> str:
+        if path.startswith("metadata.annotations['") and path.endswith("']"):
+            return self.annotations.get(path[len("metadata.annotations['") : -2], "")
         return {
             "metadata.name": self.pod_name,
             "metadata.namespace": self.namespace,
@@ -111,6 +114,10 @@ def run_container(
         stub = bin_dir / program
         stub.write_text(STUB.format(python=sys.executable), encoding="utf-8")
         stub.chmod(0o755)
+    # The images' python3 has directlog installed: so has this interpreter.
+    python = bin_dir / "python3"
+    if not python.exists():
+        python.symlink_to(sys.executable)
     mounts: dict[str, Path] = {}
     for mount in container.get("volumeMounts", []):
         local = workdir / "mounts" / mount["name"]

@@ -74,6 +74,21 @@ def _listen_host(name: str) -> str:
 
 
 ZONE = "eu-west-1b"
+NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
+
+
+def _network_status(ordinal: int) -> str:
+    """What Multus writes on a pod attached to the SR-IOV network "sriov-rdma" as net1."""
+    return json.dumps(
+        [
+            {"name": "cbr0", "interface": "eth0", "ips": [POD_IP], "default": True},
+            {"name": f"{NAMESPACE}/sriov-rdma", "interface": "net1", "ips": [_rdma_ip(ordinal)]},
+        ]
+    )
+
+
+def _rdma_ip(ordinal: int) -> str:
+    return f"198.51.100.{10 + ordinal}"
 
 
 def _run_broker(
@@ -82,7 +97,12 @@ def _run_broker(
     manifests = scenario(name)
     sts = one(manifests, "StatefulSet", component("broker"))
     spec = sts["spec"]["template"]["spec"]
-    facts = PodFacts(f"{component('broker')}-{ordinal}", NAMESPACE, host_ip="192.0.2.10")
+    facts = PodFacts(
+        f"{component('broker')}-{ordinal}",
+        NAMESPACE,
+        host_ip="192.0.2.10",
+        annotations={NETWORK_STATUS: _network_status(ordinal)},
+    )
     files = {}
     if any(c["name"] == "rack" for c in spec.get("initContainers", [])):
         files["/var/run/directlog/rack/zone"] = ZONE
@@ -102,6 +122,9 @@ def test_broker_gets_node_id_listeners_and_controllers(
         settings, env, sts = _run_broker(name, ordinal, tmp_path / str(ordinal), monkeypatch)
         assert settings.node_id == ordinal
         assert _unknown_variables(env, "DIRECTLOG_", BrokerSettings) == set()
+        # On a Multus network, RDMA listens and is advertised on that network's address.
+        rdma_ip = _rdma_ip(ordinal) if values.get("rdma", {}).get("networks") else None
+        assert (settings.rdma_host, settings.rdma_advertised_host) == (rdma_ip, rdma_ip)
         internal = settings.listeners[0]
         listen = _listen_host(name)
         assert (internal.name, internal.host, internal.port) == ("INTERNAL", listen, 9092)
