@@ -8,6 +8,7 @@ directory fsync makes the rename itself durable.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
@@ -32,7 +33,11 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_path(path.parent)
 
 
-def remove_temporaries(directory: Path) -> None:
-    """Delete leftovers of writes a crash interrupted before their rename."""
+def remove_temporaries(directory: Path, owned: Callable[[str], bool] = lambda name: True) -> None:
+    """Delete leftovers of writes a crash interrupted before their rename: those whose
+    target name `owned` says the caller writes. Two processes share a partition directory
+    (the broker and its tiering sidecar); one must not delete a file the other is writing
+    right now."""
     for leftover in directory.glob("*" + TMP_SUFFIX):
-        leftover.unlink(missing_ok=True)
+        if owned(leftover.name.removesuffix(TMP_SUFFIX)):
+            leftover.unlink(missing_ok=True)

@@ -33,7 +33,12 @@ from pathlib import Path
 from crc32c import crc32c
 
 from directlog.durable_files import fsync_path, remove_temporaries, write_atomically
-from directlog.remote.layout import REMOTE_LOG_INDEX, REMOTE_OFFSET_INDEX, REMOTE_TIME_INDEX
+from directlog.remote.layout import (
+    REMOTE_LOG_INDEX,
+    REMOTE_OFFSET_INDEX,
+    REMOTE_TIME_INDEX,
+    is_index_file,
+)
 from directlog.remote.rdi import InvalidRdiError, RemoteDataId
 
 ENTRY_MAGIC = 0
@@ -328,7 +333,7 @@ class RemoteIndex:
         index = cls(directory, writable=writable)
         if writable:
             directory.mkdir(parents=True, exist_ok=True)
-            remove_temporaries(directory)
+            remove_temporaries(directory, is_index_file)
             _remove_orphans(directory)
         bases = _bases(directory)
         for number, base in enumerate(bases):

@@ -28,6 +28,12 @@ SEGMENT_SUFFIXES = (LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT, LEADER_EPO
 INDEX_SUFFIXES = (REMOTE_LOG_INDEX, REMOTE_OFFSET_INDEX, REMOTE_TIME_INDEX)
 
 
+def is_index_file(name: str) -> bool:
+    """Whether `name` is one of the remote index files (the tiering service's, in the
+    broker's partition directory)."""
+    return name.endswith(INDEX_SUFFIXES)
+
+
 def topic_prefix(topic: str, topic_id: uuid.UUID) -> str:
     return f"{topic}-{uuid_text(topic_id)}"
 

@@ -175,3 +175,21 @@ def test_a_follower_restarts_from_remote_state(open_log, tmp_path):
     )
     untiered.configure(LogConfig())  # not tiered after all: the log starts where its data does
     assert untiered.log_start_offset == 100
+
+
+def test_broker_and_tiering_service_leave_each_others_temporary_files_alone(tmp_path):
+    """They share the partition directory: the tiering service opening its remote indexes
+    must not delete a producer snapshot the broker is writing right now (its rename then
+    fails and the produce with it), nor the broker opening its log a remote index file
+    the sidecar is writing. Each removes only its own leftovers."""
+    directory = tmp_path / "orders-0"
+    directory.mkdir()
+    snapshot = directory / "00000000000000000501.snapshot.tmp"
+    offsets = directory / "00000000000000000000.remoteOffsetIndex.tmp"
+    for leftover in (snapshot, offsets):
+        leftover.write_bytes(b"half written")
+    RemoteIndex.open(directory, writable=True)
+    assert snapshot.exists() and not offsets.exists()
+    offsets.write_bytes(b"half written")
+    PartitionLog.open(directory, LogConfig()).close()
+    assert offsets.exists() and not snapshot.exists()

@@ -57,6 +57,7 @@ from directlog.records.batch import (
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
 from directlog.remote.index import CorruptIndexError, RemoteIndex, has_remote_index
+from directlog.remote.layout import is_index_file
 from directlog.topic_config import LogConfig
 from directlog.topics import uuid_text
 from services.broker.storage.errors import (
@@ -240,7 +241,8 @@ class PartitionLog:
         usable snapshot at or below the log end plus the batch headers after it.
         A malformed leader-epoch-checkpoint or partition.metadata raises StorageError."""
         directory.mkdir(parents=True, exist_ok=True)
-        remove_temporaries(directory)
+        # The remote indexes' are the tiering service's, which may be writing one now.
+        remove_temporaries(directory, lambda name: not is_index_file(name))
         finish_interrupted_swaps(directory)
         topic_id = read_partition_metadata(directory)
         leader_epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_CHECKPOINT)
