@@ -757,14 +757,15 @@ class KafkaApis:
             )
             for name in wanted_topics
         ]
+        live = self._live_addresses()
         return response(
             throttle_time_ms=0,
             brokers=[
                 response.MetadataResponseBroker(node_id=b_id, host=host, port=port, rack=rack)
-                for b_id, host, port, rack in self._live_addresses()
+                for b_id, host, port, rack in live
             ],
             cluster_id=self.image.cluster_id,
-            controller_id=self.settings.node_id,  # admin requests sent here reach the controller
+            controller_id=self._controller_id(live),
             topics=topics,
             authorized_operations=None,
             error_code=0,
@@ -894,6 +895,16 @@ class KafkaApis:
             )
         return ErrorCode.NONE, None, (broker.broker_id, *address)
 
+    def _controller_id(self, live: list[tuple[int, str, int, str | None]]) -> int:
+        """The "controller" clients send admin requests to: any broker hands them to the
+        controller, so this one — unless the brokers it lists leave it out (fenced while it
+        restarts, or without the request's listener), where a client would find no such
+        broker: then the first it lists."""
+        ids = [node_id for node_id, *_ in live]
+        if not ids:
+            return -1
+        return self.settings.node_id if self.settings.node_id in ids else ids[0]
+
     def _live_addresses(self) -> list[tuple[int, str, int, str | None]]:
         """Live brokers as (id, host, port, rack) on the request's listener."""
         listener = LISTENER.get()
@@ -966,16 +977,17 @@ class KafkaApis:
 
     async def describe_cluster(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.DESCRIBE_CLUSTER].response
+        live = self._live_addresses()
         return response(
             throttle_time_ms=0,
             error_code=0,
             error_message=None,
             endpoint_type=1,
             cluster_id=self.image.cluster_id,
-            controller_id=self.settings.node_id,
+            controller_id=self._controller_id(live),
             brokers=[
                 response.DescribeClusterBroker(broker_id=b_id, host=host, port=port, rack=rack)
-                for b_id, host, port, rack in self._live_addresses()
+                for b_id, host, port, rack in live
             ],
             authorized_operations=None,
         )

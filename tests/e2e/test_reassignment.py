@@ -79,6 +79,10 @@ def test_replicas_move_and_every_record_stays_readable(tmp_path: Path, clients) 
         preferred = target[0]
         cluster.brokers[preferred].restart()
         cluster.wait_live({0, 1, 2})
+        # A client whose metadata is from while the broker was away (fenced as it stopped)
+        # may route to a controller id it no longer knows: a fresh one, as after any restart.
+        admin.close()
+        admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
         wait_for(
             lambda: sorted(partition_state(admin, 0)["isr"]) == sorted(target), 60, "caught up"
         )
