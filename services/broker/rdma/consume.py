@@ -383,14 +383,7 @@ class RdmaConsume:
         access = self._accesses.get(plog, {}).get(sealed.base_offset)
         if access is None or access.segment is not sealed or not access.mutable:
             return
-        try:
-            region = self._pd.register_file(sealed.log.path, sealed.size, Access.REMOTE_READ)
-        except RdmaError as error:
-            self._revoke(access, f"cannot register the sealed segment: {error}")
-            return
-        access.region.deregister()
-        access.region, access.mutable = region, False
-        self._update_slots(access)
+        self._register_anew(access, sealed, "the sealed segment")
 
     def segment_moved(self, plog: PartitionLog, segment: LogSegment) -> None:
         """The sealed segment's file was replaced by a copy (written back from the head
@@ -402,15 +395,22 @@ class RdmaConsume:
         access = self._accesses.get(plog, {}).get(segment.base_offset)
         if access is None or access.segment is not segment or access.revoked or segment.deleted:
             return
+        if self._register_anew(access, segment, "the written-back segment"):
+            log.info("%s: segment %d registered anew, written back", access.tp, segment.base_offset)
+
+    def _register_anew(self, access: SegmentAccess, segment: LogSegment, what: str) -> bool:
+        """Register `segment`'s file as it is now (final size, read-only) in place of the
+        access's old registration, and tell its consumers; revoke the access if that
+        fails. Returns whether it succeeded."""
         try:
             region = self._pd.register_file(segment.log.path, segment.size, Access.REMOTE_READ)
         except RdmaError as error:
-            self._revoke(access, f"cannot register the written-back segment: {error}")
-            return
+            self._revoke(access, f"cannot register {what}: {error}")
+            return False
         access.region.deregister()
         access.region, access.mutable = region, False
         self._update_slots(access)
-        log.info("%s: segment %d registered anew, written back", access.tp, segment.base_offset)
+        return True
 
     def segments_removed(self, plog: PartitionLog, segments: list[LogSegment]) -> None:
         if threading.get_ident() != self._loop_thread:  # compaction: files only unlinked
