@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from directlog.remote.store import StoreConfig
+from directlog.security.tls import TlsFiles
 from directlog.settings import ServiceSettings
 
 
@@ -111,6 +112,11 @@ class BrokerSettings(ServiceSettings):
     # this broker's RDMA listeners at: the RDMA NIC's, when it sits on a secondary
     # (SR-IOV/Multus) network. If unset: advertised_host, else rdma_host, else host.
     rdma_advertised_host: str | None = None
+    # Mutual TLS of the service links (docs/security.md): what the broker presents to the
+    # controllers and checks them against, and what its tiering gRPC server presents to the
+    # sidecar and requires of it. Unset: plaintext gRPC.
+    controller_tls: TlsFiles | None = None
+    tiering_tls: TlsFiles | None = None
     # Tiered storage (docs/tiering.md). Kafka's remote.log.storage.system.enable: topics may
     # set remote.storage.enable only while it is on. The tiering service beside the broker
     # copies their closed segments to the remote store, from which the broker serves reads
