@@ -189,7 +189,13 @@ class Partition:
     def replicated(self, offset: int) -> bool:
         """Whether acks=-1 for records up to `offset` can be answered now: the high watermark
         passed it. Raises NOT_ENOUGH_REPLICAS_AFTER_APPEND when it did but the ISR is below
-        min.insync.replicas."""
+        min.insync.replicas, and NOT_LEADER_OR_FOLLOWER once this replica no longer leads (a
+        follower's high watermark says nothing of records it may have truncated)."""
+        if not self.is_leader:
+            raise KafkaError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{self.tp}: leadership moved before offset {offset} was replicated",
+            )
         if self.log.high_watermark <= offset:
             return False
         if len(self.info.isr) < self.config.min_insync_replicas:

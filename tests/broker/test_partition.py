@@ -89,6 +89,28 @@ def test_acks_all_times_out_with_request_timed_out(leader: Harness) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.timeout(10)
+def test_an_acks_all_wait_begun_after_leadership_moved_fails_at_once(leader: Harness) -> None:
+    """A produce's wait for the ISR starts a loop turn after its append (asyncio.gather
+    starts tasks later); if the partition became a follower in between, the wait must fail
+    with NOT_LEADER_OR_FOLLOWER at once, not sit until the request timeout (seen in CI: a
+    producer's message timed out) nor succeed on the follower's high watermark."""
+
+    async def scenario() -> None:
+        p = leader.partition
+        appended = p.append_as_leader(batch([b"x"]), acks=-1)
+        p.become_follower(PartitionInfo(0, (1, 2, 3), 2, 1, (1, 2, 3), 1))
+        with pytest.raises(KafkaError) as caught:
+            await asyncio.wait_for(p.wait_replicated(appended.last_offset, timeout=30), 2)
+        assert caught.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        leader.log.update_high_watermark(1)  # a follower learns the new leader's
+        with pytest.raises(KafkaError) as caught:
+            p.replicated(appended.last_offset)
+        assert caught.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    asyncio.run(scenario())
+
+
 def test_delete_records_waits_for_the_isr_log_starts(leader: Harness) -> None:
     """DeleteRecords is answered once every ISR follower's fetch says its log start reached
     the offset, or once the ISR loses the one that did not; -1 means the high watermark."""
