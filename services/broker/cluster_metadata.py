@@ -9,16 +9,32 @@ A topic's log settings are layered: built-in defaults, the broker's static ``log
 the cluster-wide defaults set through the controller (Kafka's dynamic broker defaults), then
 the topic's overrides (``config_for``). Every broker's own dynamic configs (Kafka's
 per-broker dynamic configs: the replication throttle rates) come with every update.
+
+The security metadata — SCRAM credentials, ACLs, client quotas — comes whole in a full image
+and, in a delta, only when it changed (a kind's ``has_`` flag unset: keep what is here). The
+broker's authenticator, authorizer and quota manager read it from here and learn of a change
+through ``on_security_change``: each callback is called, after the update is applied, with
+the kinds whose content changed (a kind sent again unchanged, as in every full image, is no
+change). A callback must not raise: the image has been applied already.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from directlog.rpc import controller_pb2 as pb
+from directlog.security.acl import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from directlog.security.client_quotas import QuotaEntity
 from directlog.topic_config import InvalidConfigError, LogConfig
 from directlog.topics import TopicPartition
 
@@ -73,6 +89,14 @@ class TopicInfo:
     partitions: dict[int, PartitionInfo] = field(default_factory=dict)
 
 
+class SecurityKind(enum.Enum):
+    """A kind of security metadata, as ``on_security_change`` callbacks are told."""
+
+    SCRAM_CREDENTIALS = "scram_credentials"
+    ACLS = "acls"
+    CLIENT_QUOTAS = "client_quotas"
+
+
 @dataclass(slots=True)
 class ImageChange:
     """What one update changed, for the replica manager to act on."""
@@ -101,6 +125,11 @@ class ClusterImage:
         self.broker_configs: dict[int, dict[str, str]] = {}
         self.topics: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
+        self._scram: dict[str, dict[int, pb.ScramCredential]] = {}  # user, then mechanism
+        self._acls: frozenset[AclBinding] = frozenset()
+        self._client_quotas: dict[QuotaEntity, dict[str, float]] = {}
+        # Called with the kinds of security metadata an update changed (module docstring).
+        self.on_security_change: list[Callable[[frozenset[SecurityKind]], None]] = []
 
     # Applying updates ------------------------------------------------------------------
 
@@ -137,7 +166,34 @@ class ClusterImage:
         defaults = dict(update.log_defaults)
         if defaults != self.dynamic_defaults:
             self._set_defaults(defaults, change)
+        security = self._apply_security(update)
+        if security:
+            for callback in self.on_security_change:
+                callback(security)
         return change
+
+    def _apply_security(self, update: pb.MetadataUpdate) -> frozenset[SecurityKind]:
+        """Take the kinds of security metadata the update carries; returns those that
+        changed."""
+        changed = set()
+        if update.has_scram_credentials:
+            scram: dict[str, dict[int, pb.ScramCredential]] = {}
+            for credential in update.scram_credentials:
+                scram.setdefault(credential.user, {})[credential.mechanism] = credential
+            if scram != self._scram:
+                self._scram = scram
+                changed.add(SecurityKind.SCRAM_CREDENTIALS)
+        if update.has_acls:
+            acls = frozenset(acl_binding(message) for message in update.acls)
+            if acls != self._acls:
+                self._acls = acls
+                changed.add(SecurityKind.ACLS)
+        if update.has_client_quotas:
+            quotas = {quota_entity(q.entity): dict(q.values) for q in update.client_quotas}
+            if quotas != self._client_quotas:
+                self._client_quotas = quotas
+                changed.add(SecurityKind.CLIENT_QUOTAS)
+        return frozenset(changed)
 
     def _set_defaults(self, defaults: dict[str, str], change: ImageChange) -> None:
         """New cluster-wide defaults, which every topic sees. The controller checked them
@@ -190,6 +246,29 @@ class ClusterImage:
         """Broker ``broker_id``'s dynamic configs (empty: none set)."""
         return self.broker_configs.get(broker_id, {})
 
+    def scram_credential(self, user: str, mechanism: int) -> pb.ScramCredential | None:
+        """The user's credential for a mechanism (Kafka's ScramMechanism number)."""
+        return self._scram.get(user, {}).get(mechanism)
+
+    def scram_users(self) -> dict[str, list[pb.ScramCredential]]:
+        """Every user that has a credential, with its credentials by mechanism number
+        (DescribeUserScramCredentials)."""
+        return {
+            user: [credentials[m] for m in sorted(credentials)]
+            for user, credentials in self._scram.items()
+        }
+
+    @property
+    def acls(self) -> frozenset[AclBinding]:
+        """Every ACL of the cluster (the value is replaced, never changed, on a change)."""
+        return self._acls
+
+    @property
+    def client_quotas(self) -> dict[QuotaEntity, dict[str, float]]:
+        """Every quota entity's quotas (the value is replaced on a change: do not
+        modify it)."""
+        return self._client_quotas
+
     def live_brokers(self) -> list[BrokerInfo]:
         return sorted((b for b in self.brokers.values() if not b.fenced), key=lambda b: b.broker_id)
 
@@ -202,6 +281,25 @@ class ClusterImage:
             for info in topic.partitions.values():
                 if broker_id in info.replicas:
                     yield topic, info
+
+
+def acl_binding(message: pb.AclBinding) -> AclBinding:
+    """A binding of the image (the controller validated it)."""
+    return AclBinding(
+        ResourceType(message.resource_type),
+        message.resource_name,
+        PatternType(message.pattern_type),
+        message.principal,
+        message.host,
+        Operation(message.operation),
+        Permission(message.permission),
+    )
+
+
+def quota_entity(components: Iterable[pb.QuotaEntityComponent]) -> QuotaEntity:
+    return QuotaEntity(
+        tuple((c.entity_type, c.name if c.HasField("name") else None) for c in components)
+    )
 
 
 def _broker_info(broker: pb.Broker, inter_broker_listener: str) -> BrokerInfo:

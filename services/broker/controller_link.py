@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -20,6 +20,8 @@ import grpc
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc as rpc
+from directlog.security.grpc_tls import Channels
+from directlog.security.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,9 @@ class ControllerLink:
         rack: str | None,
         heartbeat_seconds: float,
         on_update: Callable[[pb.MetadataUpdate], None],
+        tls: TlsFiles | None = None,
     ) -> None:
+        """``tls``: the broker's controller_tls, for mutual TLS to the controllers."""
         self.addresses = list(addresses)
         self.broker_id = broker_id
         self.incarnation = uuid.uuid4().hex
@@ -57,6 +61,7 @@ class ControllerLink:
         self.registered = asyncio.Event()
         self.first_image = asyncio.Event()
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tls = Channels(tls, peer="controller", setting="controller_tls")
         self._active = self.addresses[0]
         self._tasks: list[asyncio.Task[None]] = []
         self._stream: grpc.aio.UnaryStreamCall[Any, pb.MetadataUpdate] | None = None
@@ -87,8 +92,9 @@ class ControllerLink:
 
     def _stub(self, address: str) -> rpc.ControllerStub:
         channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
+        if channel is None or self._tls.outdated(channel):  # renewed certificates: reconnect
+            self._forget(address)
+            channel = self._channels[address] = self._tls.open(
                 address, options=[("grpc.max_receive_message_length", MAX_IMAGE_BYTES)]
             )
         return rpc.ControllerStub(channel)  # type: ignore[no-untyped-call]  # generated code
@@ -237,6 +243,42 @@ class ControllerLink:
         if reply.error_code != ErrorCode.NONE:
             raise KafkaError(ErrorCode(reply.error_code), reply.error_message)
         return int(reply.remaining_leaderships)
+
+    # Security metadata: Kafka's admin requests, carried out by the active controller; each
+    # raises ControllerUnavailableError when no controller answers. The changes reach this
+    # broker's image through the metadata stream, after the reply.
+
+    async def alter_user_scram_credentials(
+        self, upsertions: Sequence[pb.ScramCredential], deletions: Sequence[pb.ScramDeletion]
+    ) -> list[pb.UserResult]:
+        """One result per user named, in the order first named."""
+        reply = await self.call(
+            lambda s: s.AlterUserScramCredentials,
+            pb.AlterUserScramCredentialsRequest(upsertions=upsertions, deletions=deletions),
+        )
+        return list(reply.results)
+
+    async def create_acls(self, bindings: Sequence[pb.AclBinding]) -> list[pb.AclResult]:
+        """One result per binding, in order."""
+        reply = await self.call(lambda s: s.CreateAcls, pb.CreateAclsRequest(creations=bindings))
+        return list(reply.results)
+
+    async def delete_acls(
+        self, filters: Sequence[pb.AclBindingFilter]
+    ) -> list[pb.DeleteAclsFilterResult]:
+        """One result per filter, in order, with the bindings it deleted."""
+        reply = await self.call(lambda s: s.DeleteAcls, pb.DeleteAclsRequest(filters=filters))
+        return list(reply.results)
+
+    async def alter_client_quotas(
+        self, alterations: Sequence[pb.QuotaAlteration], validate_only: bool
+    ) -> list[pb.QuotaResult]:
+        """One result per alteration, in order."""
+        reply = await self.call(
+            lambda s: s.AlterClientQuotas,
+            pb.AlterClientQuotasRequest(alterations=alterations, validate_only=validate_only),
+        )
+        return list(reply.results)
 
 
 def _active_hint(error: grpc.aio.AioRpcError) -> str | None:

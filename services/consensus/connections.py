@@ -10,12 +10,23 @@ before any later reply.
 A member that is not serving (no established leader) closes new connections right after
 their ConnectRequest, and drops every connection when it stops serving, so clients move to
 another member at once, as ZooKeeper's do.
+
+The same protocol runs on the plaintext client port and on the TLS one (secureClientPort);
+a connection whose client certificate the TLS port verified starts with its ``x509`` id.
+Authentication follows ZooKeeper's ZooKeeperServer.processPacket: ``addauth digest``
+(AuthPacket) and SASL DIGEST-MD5 (GetSASLRequest tokens, services/consensus/sasl.py) add
+``digest`` and ``sasl`` ids to the connection's session; a failed attempt is answered
+AUTHFAILED and the connection closes (the session stays, to expire or be resumed). With
+``sasl_required`` (zookeeper.sessionRequireClientSASLAuth) a connection that has not
+completed SASL may only authenticate: any other request is answered
+SESSIONCLOSEDREQUIRESASLAUTH and the connection closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +63,7 @@ from services.consensus.jute import (
     ReplyHeader,
     RequestBody,
     ResponseBody,
+    SaslToken,
     SetACLRequest,
     SetDataRequest,
     SetWatches,
@@ -69,6 +81,8 @@ from services.consensus.jute.records import DeleteResult as DeleteReply
 from services.consensus.member import Member, Outcome, SessionClients
 from services.consensus.metrics import BufferStats
 from services.consensus.payloads import ErrorTxn, SyncRequest, SyncTxn, Write
+from services.consensus.sasl import DigestMd5Server, SaslError
+from services.consensus.tls import HANDSHAKE_TIMEOUT, peer_certificate, x509_id
 from services.consensus.tree import (
     Applied,
     Check,
@@ -130,17 +144,32 @@ class ClientServer(SessionClients):
         self.dropped = 0  # connections the client side closed
         self.response_size = BufferStats()  # replies and watch events, less the length
         self.latency = member.metrics.zk.request_latency
-        self._server: asyncio.Server | None = None
+        settings = member.settings
+        self.sasl_users = settings.sasl_credentials()
+        self.sasl_required = settings.sasl_required
+        self._servers: list[asyncio.Server] = []
         member.metrics.bind_clients(self)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on ``host:port`` (0 picks a free port), over TLS with ``tls`` (the secure
+        client port); may be called once per port. Returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port)
-        return int(self._server.sockets[0].getsockname()[1])
+        if tls is None:
+            server = await loop.create_server(lambda: ClientConnection(self), host, port)
+        else:
+            server = await loop.create_server(
+                lambda: ClientConnection(self),
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+            )
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         self.disconnect_all()
 
     # -- SessionClients ----------------------------------------------------------------
@@ -181,6 +210,9 @@ class ClientConnection(asyncio.Protocol):
         self.head = b""  # bytes held until the first four are in
         self.sniffed = False
         self.session: Session | None = None
+        self.identity: frozenset[Id] = frozenset()  # what TLS proved: the x509 id, if any
+        self.sasl: DigestMd5Server | None = None
+        self.needs_sasl = server.sasl_required  # until this connection completes SASL
         self.timeout_ms = 0
         self.queue: deque[_Pending] = deque()
         self.closing_session = False
@@ -202,6 +234,9 @@ class ClientConnection(asyncio.Protocol):
             return
         self.server.connections.add(self)
         self.member.metrics.connections.inc()
+        certificate = peer_certificate(transport.get_extra_info("ssl_object"))
+        if certificate is not None:
+            self.identity = frozenset({x509_id(certificate)})
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
@@ -264,7 +299,7 @@ class ClientConnection(asyncio.Protocol):
             max(request.time_out, settings.min_session_timeout), settings.max_session_timeout_ms
         )
         if request.session_id == 0:
-            session = Session(member.new_session_id())
+            session = Session(member.new_session_id(), self.identity)
             self.session = session
             self.timeout_ms = timeout
 
@@ -284,7 +319,7 @@ class ClientConnection(asyncio.Protocol):
             self._write(encode_frame(encode_connect_response(ConnectResponse(0, 0, 0, bytes(16)))))
             self.close()
             return
-        self.session = Session(sid)
+        self.session = Session(sid, self.identity)
         self.timeout_ms = known
         self._attach(sid)
         member.heard_from(sid)
@@ -319,6 +354,10 @@ class ClientConnection(asyncio.Protocol):
             return
         xid, op = header.xid, header.type
         member.metrics.request(op)
+        if self.needs_sasl and op != OpCode.SASL and op != OpCode.AUTH:
+            log.warning("closing %s: it sent opcode %d before SASL authentication", self.peer, op)
+            self._refuse(started, xid, ErrorCode.SESSIONCLOSEDREQUIRESASLAUTH)
+            return
         if op == OpCode.PING:
             self._queue_local(started, lambda: self._reply(xid, ErrorCode.OK))
         elif op == OpCode.AUTH:
@@ -326,19 +365,50 @@ class ClientConnection(asyncio.Protocol):
             self._auth(started, body)
         elif op in _WRITES:
             self._write_request(started, xid, op, body)
+        elif op == OpCode.SASL:
+            assert isinstance(body, SaslToken)
+            self._sasl(started, xid, body)
         else:
             self._queue_local(started, lambda: self._read(xid, op, body))
 
     def _auth(self, started: float, packet: AuthPacket) -> None:
         assert self.session is not None
         if packet.scheme != "digest" or not packet.auth or b":" not in packet.auth:
-            pending = _Pending(started, self._reply(Xid.AUTH, ErrorCode.AUTHFAILED), last=True)
-            self.queue.append(pending)
-            self._flush()
+            log.warning("closing %s: auth with scheme %r failed", self.peer, packet.scheme)
+            self._refuse(started, Xid.AUTH, ErrorCode.AUTHFAILED)
             return
         ident: Id = digest_auth_id(packet.auth.decode("utf-8", "replace"))
         self.session = self.session.with_auth(ident)
         self._queue_local(started, lambda: self._reply(Xid.AUTH, ErrorCode.OK))
+
+    def _sasl(self, started: float, xid: int, packet: SaslToken) -> None:
+        """One SASL token (ZooKeeper's processSasl): answered with the mechanism's next
+        token; on failure AUTHFAILED (SESSIONCLOSEDREQUIRESASLAUTH when SASL is required)
+        and the connection closes."""
+        assert self.session is not None
+        if self.sasl is None:
+            self.sasl = DigestMd5Server(self.server.sasl_users)
+        try:
+            if not self.server.sasl_users:
+                raise SaslError("this member has no SASL users")
+            token = self.sasl.step(packet.token or b"")
+        except SaslError as exc:
+            log.warning("closing %s: SASL authentication failed: %s", self.peer, exc)
+            required = self.server.sasl_required
+            code = ErrorCode.SESSIONCLOSEDREQUIRESASLAUTH if required else ErrorCode.AUTHFAILED
+            self._refuse(started, xid, code)
+            return
+        if self.sasl.complete:
+            assert self.sasl.user is not None
+            self.session = self.session.with_auth(Id("sasl", self.sasl.user))
+            self.needs_sasl = False
+        reply = self._reply(xid, ErrorCode.OK, SaslToken(token), zxid=0)
+        self._queue_local(started, lambda: reply)
+
+    def _refuse(self, started: float, xid: int, code: ErrorCode) -> None:
+        """Answer ``code`` in turn, then close the connection (not the session)."""
+        self.queue.append(_Pending(started, self._reply(xid, code, zxid=0), last=True))
+        self._flush()
 
     def _write_request(self, started: float, xid: int, op: int, body: RequestBody | None) -> None:
         assert self.session is not None

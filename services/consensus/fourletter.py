@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import socket
+import ssl
 import sys
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,17 @@ FOUR_LETTER_WORDS = frozenset({b"ruok", b"srvr", b"stat", b"mntr", b"envi"})
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
 
 
-def ask(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> str:
-    """Send ``word`` to a member's client port (ours or ZooKeeper's) and read the answer."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+def ask(
+    port: int,
+    word: str,
+    host: str = "127.0.0.1",
+    timeout: float = 2.0,
+    tls: ssl.SSLContext | None = None,
+) -> str:
+    """Send ``word`` to a member's client port (ours or ZooKeeper's) and read the answer;
+    with ``tls``, to its secure client port."""
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=host)
         sock.sendall(word.encode())
         chunks = []
         while chunk := sock.recv(65536):
@@ -29,11 +38,14 @@ def ask(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> 
     return b"".join(chunks).decode(errors="replace")
 
 
-def mode_of(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> str | None:
+def mode_of(
+    port: int, host: str = "127.0.0.1", timeout: float = 2.0, tls: ssl.SSLContext | None = None
+) -> str | None:
     """``Mode:`` from ``srvr`` (leader, follower, standalone), or None while the member on
-    ``port`` does not serve or does not answer."""
+    ``port`` (a TLS client port with ``tls``) does not serve or does not answer."""
     try:
-        found = re.search(r"^Mode: (\w+)", ask(port, "srvr", host, timeout), re.MULTILINE)
+        answer = ask(port, "srvr", host, timeout, tls)
+        found = re.search(r"^Mode: (\w+)", answer, re.MULTILINE)
     except OSError:
         return None
     return found.group(1) if found else None

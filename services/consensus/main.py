@@ -17,6 +17,7 @@ from directlog import heap
 from services.consensus.connections import ClientServer
 from services.consensus.member import Member
 from services.consensus.settings import ConsensusSettings, parse_address
+from services.consensus.tls import client_port_context
 
 
 async def run_member(settings: ConsensusSettings, member_id: int, stop: asyncio.Event) -> None:
@@ -29,12 +30,19 @@ async def run_member(settings: ConsensusSettings, member_id: int, stop: asyncio.
         metrics_url = f"http://{host}:{member.metrics.serve(host, port, member.readiness)}/metrics"
     await member.start()
     heap.settle()
-    host, port = parse_address(addresses.client)
-    port = await clients.start(host, port)
+    plain = secure = "off"
+    if addresses.client is not None:
+        host, port = parse_address(addresses.client)
+        plain = f"{host}:{await clients.start(host, port)}"
+    if addresses.secure_client is not None:
+        host, port = parse_address(addresses.secure_client)
+        secure = f"{host}:{await clients.start(host, port, client_port_context(settings))}"
     print(
         f"Directlog consensus member {member_id} ready\n"
-        f"  clients    {host}:{port}\n"
-        f"  peers      {addresses.peer}\n"
+        f"  clients    {plain}\n"
+        f"  secure     {secure}\n"
+        f"  peers      {addresses.peer}"
+        f"{' (TLS)' if settings.quorum_tls is not None else ''}\n"
         f"  metrics    {metrics_url}\n"
         f"  data       {settings.member_dir(member_id).resolve()}\n"
         f"  ensemble   {len(settings.members)} members, quorum {settings.quorum}, "

@@ -44,6 +44,7 @@ from services.consensus.payloads import (
 from services.consensus.peers import PeerNetwork
 from services.consensus.settings import ConsensusSettings, parse_address
 from services.consensus.storage import DataDir
+from services.consensus.tls import quorum_tls
 from services.consensus.tree import (
     Applied,
     CloseSession,
@@ -144,6 +145,7 @@ class Member:
             {i: parse_address(m.peer) for i, m in members.items() if i != member_id},
             self._on_peer_message,
             self._on_link,
+            tls=quorum_tls(settings),
         )
         self._disk = ThreadPoolExecutor(1, thread_name_prefix=f"consensus-{member_id}-disk")
         self._disk_job: Future[int] | None = None  # the log write under way, if any

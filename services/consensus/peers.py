@@ -17,6 +17,13 @@ event-loop iteration moves everything the core produced in that iteration (or ev
 ``FLUSH_FRAMES`` frames, so a long burst streams out as it is produced). A peer that stops
 reading cannot make us buffer without bound: past ``WRITE_HIGH_WATER`` queued bytes the link
 is dropped.
+
+With ``tls`` (ZooKeeper's sslQuorum) every link is mutual TLS under the ensemble CA: the
+acceptor takes only peers whose certificate chains to it, the dialer checks the acceptor's
+(and its host name, with hostname verification), and with hostname verification the
+acceptor also requires the certificate to name the address it dials the claimed member at,
+so one member's certificate cannot pose as another member. The handshake above then runs
+inside TLS; without ``tls`` the links are plain TCP, unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, cast
 
 from directlog.waits import within
+from services.consensus.tls import QuorumTls, names_host, peer_certificate
 from services.consensus.zab.messages import Message
 from services.consensus.zab.wire import FrameDecoder, WireError, encode
 
@@ -144,7 +152,7 @@ class _Link(asyncio.Protocol):
                 self.fail(None)  # closed or reconfigured while this handshake was in flight
                 return b""
         else:
-            why = self.net._refusal(peer_id)
+            why = self.net._refusal(peer_id) or self._certificate_refusal(peer_id)
             if why is not None:
                 self.fail(f"refused member {peer_id} from {self._remote()}: {why}")
                 return b""
@@ -156,6 +164,17 @@ class _Link(asyncio.Protocol):
             self._timer = None
         self.net._link_up(self)
         return rest if self.up else b""
+
+    def _certificate_refusal(self, peer_id: int) -> str | None:
+        tls = self.net._tls
+        if tls is None or not tls.check_hostname:
+            return None
+        assert self._transport is not None
+        certificate = peer_certificate(self._transport.get_extra_info("ssl_object"))
+        host = self.net._peers[peer_id][0]
+        if certificate is None or not names_host(certificate, host):
+            return f"its certificate does not name {host}, the address of member {peer_id}"
+        return None
 
     def _handshake_expired(self) -> None:
         self._timer = None
@@ -214,7 +233,7 @@ class PeerNetwork:
     sender has been checked. ``on_link(peer)`` is called exactly once when a link to
     ``peer`` becomes usable (handshake done, on both sides) and exactly once when it breaks,
     including on ``close()``; never for a link that did not come up. Both callbacks run on
-    the event loop and may call ``send``.
+    the event loop and may call ``send``. ``tls``: mutual TLS on every link (module doc).
     """
 
     def __init__(
@@ -226,6 +245,7 @@ class PeerNetwork:
         max_frame: int = DEFAULT_MAX_FRAME,
         retry_interval: float = 0.05,
         max_retry_interval: float = 1.0,
+        tls: QuorumTls | None = None,
     ) -> None:
         if not 0 <= my_id <= _I32_MAX:
             raise ValueError(f"member id {my_id} is not a non-negative int32")
@@ -239,6 +259,7 @@ class PeerNetwork:
         self._max_frame = max_frame
         self._retry_interval = retry_interval
         self._max_retry_interval = max_retry_interval
+        self._tls = tls
         self._links: dict[int, _Link] = {}  # live links by peer
         self._all: set[_Link] = set()  # every open connection, handshaking ones included
         self._dialers: dict[int, asyncio.Task[None]] = {}
@@ -253,9 +274,19 @@ class PeerNetwork:
             raise RuntimeError("PeerNetwork already started")
         self._started = True
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Link(self, None), host, port, reuse_address=True
-        )
+        if self._tls is None:
+            self._server = await loop.create_server(
+                lambda: _Link(self, None), host, port, reuse_address=True
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _Link(self, None),
+                host,
+                port,
+                reuse_address=True,
+                ssl=self._tls.server,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+            )
         bound: int = self._server.sockets[0].getsockname()[1]
         self._sync_dialers()
         return bound
@@ -358,20 +389,33 @@ class PeerNetwork:
         """Keep one link to ``peer`` up for as long as it is a member and we are open."""
         loop = asyncio.get_running_loop()
         delay = self._retry_interval
-        failures = 0
+        reported: type[BaseException] | None = None  # the cause of this outage last logged
         while not self._closed and peer in self._peers:
             host, port = self._peers[peer]
             link = _Link(self, peer)
+            tls = self._tls
+            connecting = (
+                loop.create_connection(link.itself, host, port)
+                if tls is None
+                else loop.create_connection(
+                    link.itself,
+                    host,
+                    port,
+                    ssl=tls.client.current(),
+                    server_hostname=host,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+                )
+            )
             try:
-                await within(loop.create_connection(link.itself, host, port), HANDSHAKE_TIMEOUT)
+                await within(connecting, HANDSHAKE_TIMEOUT)
             except (OSError, TimeoutError) as e:
-                failures += 1
-                if failures == 1:  # one line per outage, not one per retry
+                if type(e) is not reported:  # one line per outage and cause, not per retry
+                    reported = type(e)
                     log.info("cannot reach peer %d at %s:%d: %s", peer, host, port, e)
             else:
                 await asyncio.shield(link.closed)
             if link.was_up:
-                delay, failures = self._retry_interval, 0
+                delay, reported = self._retry_interval, None
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._max_retry_interval)
         self._dialers.pop(peer, None)

@@ -10,6 +10,11 @@ The YAML file names every member's addresses, so the same file starts the whole 
     quorum: majority              # or "all": every member acks each proposal
     force_sync: true              # fsync the transaction log before acking (ZooKeeper's forceSync)
 
+A member may also serve clients over TLS (``secure_client``, ZooKeeper's secureClientPort,
+with ``client_tls``), leave the plaintext ``client`` address out, run ZAB between members
+over mutual TLS (``quorum_tls``, ZooKeeper's sslQuorum) and authenticate clients with SASL
+DIGEST-MD5 (``sasl_users`` / ``sasl_jaas_file``); docs/consensus.md, "Security".
+
 Every other key has a default that runs on a laptop; ``DIRECTLOG_CONSENSUS_*`` environment
 variables override the file.
 """
@@ -19,10 +24,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from directlog.security.tls import TlsFiles
 from directlog.settings import ServiceSettings
+from services.consensus.sasl import jaas_users
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -35,16 +42,23 @@ def parse_address(text: str) -> tuple[str, int]:
 class MemberAddresses(BaseModel):
     model_config = {"extra": "forbid"}
 
-    client: str  # ZooKeeper client protocol and four-letter words
+    client: str | None = None  # ZooKeeper client protocol and four-letter words, plaintext
+    secure_client: str | None = None  # the same over TLS (ZooKeeper's secureClientPort)
     peer: str  # ZAB traffic between members
     metrics: str | None = None  # Prometheus /metrics; none when unset
 
-    @field_validator("client", "peer", "metrics")
+    @field_validator("client", "secure_client", "peer", "metrics")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         if value is not None:
             parse_address(value)
         return value
+
+    @model_validator(mode="after")
+    def _serves_clients(self) -> MemberAddresses:
+        if self.client is None and self.secure_client is None:
+            raise ValueError("a member needs a client or a secure_client address")
+        return self
 
 
 class ConsensusSettings(ServiceSettings):
@@ -68,6 +82,15 @@ class ConsensusSettings(ServiceSettings):
     max_client_connections: int = Field(1000, ge=1)
     poll_spin_us: int = Field(500, ge=0)  # after work, poll this long before sleeping
     session_secret: str = "directlog"  # session passwords are an HMAC of the id with it
+    # Security (docs/consensus.md, "Security"); ZooKeeper's names in the comments.
+    client_tls: TlsFiles | None = None  # ssl.keyStore/ssl.trustStore of secure_client ports
+    ssl_client_auth: Literal["none", "want", "need"] = "need"  # ssl.clientAuth
+    quorum_tls: TlsFiles | None = None  # sslQuorum=true with ssl.quorum.keyStore/trustStore
+    quorum_hostname_verification: bool = True  # ssl.quorum.hostnameVerification
+    tls_check_interval_ms: int = Field(5000, ge=10)  # changed PEM files load within this
+    sasl_users: dict[str, SecretStr] = Field(default_factory=dict)  # JAAS user_<name>="pw"
+    sasl_jaas_file: Path | None = None  # or ZooKeeper's own JAAS file, its Server section
+    sasl_required: bool = False  # zookeeper.sessionRequireClientSASLAuth
 
     @field_validator("members")
     @classmethod
@@ -86,9 +109,29 @@ class ConsensusSettings(ServiceSettings):
             raise ValueError("min session timeout must be below the max")
         return self
 
+    @model_validator(mode="after")
+    def _security(self) -> ConsensusSettings:
+        if any(m.secure_client for m in self.members.values()):
+            if self.client_tls is None or self.client_tls.cert_file is None:
+                raise ValueError("secure_client addresses need client_tls with cert_file")
+            if self.ssl_client_auth != "none" and self.client_tls.ca_file is None:
+                raise ValueError(f"ssl_client_auth {self.ssl_client_auth} needs client_tls.ca_file")
+        quorum = self.quorum_tls
+        if quorum is not None and (quorum.cert_file is None or quorum.ca_file is None):
+            raise ValueError("quorum_tls is mutual: it needs cert_file, key_file and ca_file")
+        if self.sasl_required and not self.sasl_users and self.sasl_jaas_file is None:
+            raise ValueError("sasl_required needs sasl_users or sasl_jaas_file")
+        return self
+
     @property
     def min_session_timeout(self) -> int:
         return self.min_session_timeout_ms or 10 * self.tick_ms
+
+    def sasl_credentials(self) -> dict[str, str]:
+        """The SASL users: ``sasl_jaas_file``'s, then ``sasl_users`` (which win)."""
+        users = jaas_users(self.sasl_jaas_file.read_text()) if self.sasl_jaas_file else {}
+        users.update((name, pw.get_secret_value()) for name, pw in self.sasl_users.items())
+        return users
 
     def member_dir(self, member_id: int) -> Path:
         return self.data_dir / str(member_id)

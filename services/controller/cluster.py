@@ -20,6 +20,13 @@ commits keep them current: it is the only writer while its term lasts.
 Topic configs are validated over the cluster-wide defaults (``log_defaults``, Kafka's dynamic
 broker defaults), the layer below a topic's overrides that this controller knows; a broker's
 static ``log_defaults`` lie below both.
+
+The security metadata (SCRAM credentials, ACLs, client quotas) is one znode per user, per
+resource pattern, per quota entity, so a change writes only what it touches. A request that
+needs more than one transaction holds is planned as several changes, committed in order;
+only the last one's delta names the kind, so brokers see the request's outcome at once (a
+failover half way leaves the earlier ones committed, and the next controller's full images
+carry them).
 """
 
 from __future__ import annotations
@@ -27,17 +34,22 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 from directlog.broker_config import InvalidBrokerConfigError, validate_broker_configs
 from directlog.protocol.errors import ErrorCode, KafkaError
+from directlog.security.acl import AclBinding, AclBindingFilter, validate_binding, validate_filter
+from directlog.security.client_quotas import QuotaEntity, validate_alteration
+from directlog.security.scram import MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential, ScramMechanism
 from directlog.topic_config import TOPIC_ONLY_CONFIGS, InvalidConfigError, LogConfig, flag
 from directlog.topics import NO_LEADER, topic_name_error
 from services.controller import layout
 from services.controller.assignment import assign_replicas
 from services.controller.layout import Create, Delete, Layout, SetData, StoreOp
 from services.controller.model import (
+    AclResource,
     BrokerRegistration,
     Listener,
     PartitionState,
@@ -52,6 +64,9 @@ MAX_PARTITIONS = 10_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's: a broker asks again after this many InitProducerIds
 DEFAULT = -1  # partitions / replication factor: the controller's default
 STORE_OPS_LIMIT = 500  # ops per transaction when a change is split into several
+# Znode paths and data per transaction when a change is split: ZooKeeper refuses a request
+# past jute.maxbuffer (1 MiB by default), and a refused commit ends the term.
+TRANSACTION_BYTES = 768 * 1024
 NO_RECORDS = RemotePartition()
 
 # The moves a remote log record may make (UpdateRemoteLogSegment); DELETE_FINISHED removes it.
@@ -79,6 +94,11 @@ class Delta:
 
     topics: Mapping[bytes, frozenset[int] | None] = field(default_factory=dict)
     deleted_topic_ids: tuple[bytes, ...] = ()
+    # The kinds of security metadata that changed: brokers are sent each whole, and only
+    # when it changed.
+    scram_credentials: bool = False
+    acls: bool = False
+    client_quotas: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +121,19 @@ class Change:
     log_defaults: Mapping[str, str] | None = None  # the cluster-wide defaults, whole
     # Per-broker dynamic configs, each changed broker's whole (empty: it has none left).
     broker_configs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    # SCRAM credentials, each changed user's whole (empty: none left).
+    scram: Mapping[str, Mapping[ScramMechanism, ScramCredential]] = field(default_factory=dict)
+    # ACLs, each changed resource pattern's whole (empty: none left).
+    acls: Mapping[AclResource, frozenset[AclBinding]] = field(default_factory=dict)
+    # Client quotas, each changed entity's whole (empty: none left).
+    client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = field(default_factory=dict)
+    containers: tuple[str, ...] = ()  # security container znodes the ops create
 
     @property
     def touches_image(self) -> bool:
         """Whether the brokers' image changes: the producer id counter and the remote log
-        metadata are no part of it, so changing them needs no metadata update."""
+        metadata are no part of it, so changing them needs no metadata update; nor does the
+        part of a security change split into several that is not its last."""
         return bool(
             self.brokers
             or self.topics
@@ -113,7 +141,62 @@ class Change:
             or self.delta.deleted_topic_ids
             or self.log_defaults is not None
             or bool(self.broker_configs)
+            or self.delta.scram_credentials
+            or self.delta.acls
+            or self.delta.client_quotas
         )
+
+
+K = TypeVar("K")
+V = TypeVar(
+    "V", Mapping[ScramMechanism, ScramCredential], frozenset[AclBinding], Mapping[str, float]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite(Generic[K, V]):
+    """One transaction of a security change: its ops, whether it is the change's last, the
+    keys whose znodes it writes with their new values, the containers it creates."""
+
+    ops: tuple[StoreOp, ...]
+    last: bool
+    values: dict[K, V]
+    containers: tuple[str, ...]
+
+
+# One AlterClientQuotas entry: its entity's (type, name or None for the default) pairs and
+# its (key, value or None to remove it) ops, unchecked.
+QuotaAlteration = tuple[Sequence[tuple[str, str | None]], Sequence[tuple[str, float | None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScramUpsertion:
+    """One credential to set, as AlterUserScramCredentials carries it (unchecked)."""
+
+    user: str
+    mechanism: int
+    salt: bytes = field(repr=False)
+    stored_key: bytes = field(repr=False)
+    server_key: bytes = field(repr=False)
+    iterations: int
+
+    def credential(self) -> ScramCredential:
+        """The credential, checked as Kafka checks an upsertion (its messages), then as a
+        stored credential must be (keys of the mechanism's digest size, a salt); raises
+        KafkaError."""
+        mechanism = _scram_mechanism(self.user, self.mechanism)
+        if self.iterations < MIN_ITERATIONS:
+            raise KafkaError(ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too few iterations")
+        if self.iterations > MAX_ITERATIONS:
+            raise KafkaError(ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too many iterations")
+        try:
+            return ScramCredential(
+                mechanism, self.salt, self.stored_key, self.server_key, self.iterations
+            )
+        except ValueError as exc:
+            raise KafkaError(
+                ErrorCode.UNACCEPTABLE_CREDENTIAL, f"user {self.user!r}: {exc}"
+            ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +252,12 @@ class Image:
     remote_topics: Mapping[bytes, RemoteTopic] = field(default_factory=dict)
     log_defaults: Mapping[str, str] = field(default_factory=dict)
     broker_configs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    scram: Mapping[str, Mapping[ScramMechanism, ScramCredential]] = field(default_factory=dict)
+    acls: Mapping[AclResource, frozenset[AclBinding]] = field(default_factory=dict)
+    client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = field(default_factory=dict)
+    # The security container znodes that exist (``scram``, ...): the first write under a
+    # missing one creates it.
+    containers: frozenset[str] = frozenset()
 
 
 class ClusterState:
@@ -193,6 +282,13 @@ class ClusterState:
         self.log_defaults = dict(image.log_defaults)
         # Per-broker dynamic configs by broker id; a broker without any is not here.
         self.broker_configs = {b: dict(c) for b, c in image.broker_configs.items() if c}
+        # SCRAM credentials by user then mechanism; a user without any is not here.
+        self.scram = {u: dict(c) for u, c in image.scram.items() if c}
+        # ACLs by resource pattern; a pattern without any is not here.
+        self.acls = {r: b for r, b in image.acls.items() if b}
+        # Client quotas by entity; an entity without any is not here.
+        self.client_quotas = {e: dict(v) for e, v in image.client_quotas.items() if v}
+        self.containers = set(image.containers)
         # The records of the partitions loaded so far, by topic id then partition.
         self.remote_partitions: dict[bytes, dict[int, RemotePartition]] = {}
         self.paths = paths
@@ -967,6 +1063,250 @@ class ClusterState:
             op = Create(path, data)
         return Change((op,), broker_configs={broker_id: configs})
 
+    # Security metadata -----------------------------------------------------------------
+
+    def alter_scram_credentials(
+        self, upsertions: Sequence[ScramUpsertion], deletions: Sequence[tuple[str, int]]
+    ) -> tuple[list[tuple[str, KafkaError | None]], list[Change]]:
+        """Kafka's AlterUserScramCredentials as its controller plans it: deletions
+        (user, mechanism) read first, then upsertions; each user and mechanism at most once
+        per request (DUPLICATE_RESOURCE, and none of that user's changes) — one request may
+        set both mechanisms of a user, as `kafka-configs --add-config
+        'SCRAM-SHA-256=[...],SCRAM-SHA-512=[...]'` does. A user's first refusal is the one
+        it gets. Returns one result per user named, in the order first named, and the
+        changes to commit in order."""
+        refused: dict[str, KafkaError] = {}
+        actions: dict[str, dict[ScramMechanism, ScramCredential | None]] = {}  # None: delete
+        named: dict[str, None] = {}
+
+        def refuse(user: str, refusal: KafkaError) -> None:
+            refused[user] = refusal
+            actions.pop(user, None)
+
+        def twice(user: str, mechanism: ScramMechanism) -> KafkaError:
+            return KafkaError(
+                ErrorCode.DUPLICATE_RESOURCE,
+                f"user {user!r}: its {mechanism.mechanism_name} credential cannot be altered "
+                "twice in one request",
+            )
+
+        for user, number in deletions:
+            named.setdefault(user)
+            if user in refused:
+                continue
+            try:
+                mechanism = _scram_mechanism(user, number)
+                if mechanism in actions.get(user, {}):
+                    raise twice(user, mechanism)
+                if mechanism not in self.scram.get(user, {}):
+                    raise KafkaError(
+                        ErrorCode.RESOURCE_NOT_FOUND,
+                        f"user {user!r} has no {mechanism.mechanism_name} credential to delete",
+                    )
+            except KafkaError as refusal:
+                refuse(user, refusal)
+                continue
+            actions.setdefault(user, {})[mechanism] = None
+        for upsertion in upsertions:
+            user = upsertion.user
+            named.setdefault(user)
+            if user in refused:
+                continue
+            try:
+                credential = upsertion.credential()
+                if credential.mechanism in actions.get(user, {}):
+                    raise twice(user, credential.mechanism)
+            except KafkaError as refusal:
+                refuse(user, refusal)
+                continue
+            actions.setdefault(user, {})[credential.mechanism] = credential
+        wanted: dict[str, dict[ScramMechanism, ScramCredential]] = {}
+        for user, planned in actions.items():
+            held = dict(self.scram.get(user, {}))
+            for mechanism, replacement in planned.items():
+                if replacement is None:
+                    del held[mechanism]
+                else:
+                    held[mechanism] = replacement
+            wanted[user] = held
+        rewrites = self._rewrites(
+            wanted, self.scram, self.paths.scram_user, lambda c: layout.encode_scram(c.values())
+        )
+        changes = [
+            Change(r.ops, Delta(scram_credentials=r.last), scram=r.values, containers=r.containers)
+            for r in rewrites
+        ]
+        return [(user, refused.get(user)) for user in named], changes
+
+    def create_acls(
+        self, bindings: Sequence[AclBinding]
+    ) -> tuple[list[KafkaError | None], list[Change]]:
+        """Kafka's CreateAcls: each binding checked on its own (INVALID_REQUEST, as
+        ``validate_binding`` says), one that exists already a success that writes nothing.
+        Also POLICY_VIOLATION for one that would grow its resource's znode past
+        ACL_ZNODE_BYTES, which the store could not hold. Returns one result per binding and
+        the changes to commit in order: one znode write per resource pattern touched."""
+        results: list[KafkaError | None] = []
+        wanted: dict[AclResource, set[AclBinding]] = {}
+        sizes: dict[AclResource, int] = {}
+        for binding in bindings:
+            try:
+                validate_binding(binding)
+            except KafkaError as exc:
+                results.append(exc)
+                continue
+            resource = _acl_resource(binding)
+            if resource not in wanted:
+                current = self.acls.get(resource, frozenset())
+                wanted[resource] = set(current)
+                sizes[resource] = len(layout.encode_acls(current))
+            if binding not in wanted[resource]:
+                size = sizes[resource] + layout.acl_entry_bytes(binding)
+                if size > layout.ACL_ZNODE_BYTES:
+                    results.append(
+                        KafkaError(
+                            ErrorCode.POLICY_VIOLATION,
+                            f"{resource.resource_type.name} {resource.pattern_type.name} "
+                            f"{resource.name!r} has as many ACLs as one znode holds "
+                            f"({layout.ACL_ZNODE_BYTES} bytes)",
+                        )
+                    )
+                    continue
+                wanted[resource].add(binding)
+                sizes[resource] = size
+            results.append(None)
+        return results, self._acl_changes(wanted)
+
+    def delete_acls(
+        self, filters: Sequence[AclBindingFilter]
+    ) -> tuple[list[tuple[KafkaError | None, list[AclBinding]]], list[Change]]:
+        """Kafka's DeleteAcls: per filter, INVALID_REQUEST for one ``validate_filter``
+        refuses, else every stored binding it matches (sorted), deleted. A binding two
+        filters match is listed by both and deleted once."""
+        results: list[tuple[KafkaError | None, list[AclBinding]]] = []
+        removed: set[AclBinding] = set()
+        for acl_filter in filters:
+            try:
+                validate_filter(acl_filter)
+            except KafkaError as exc:
+                results.append((exc, []))
+                continue
+            matched = sorted(
+                binding
+                for bindings in self.acls.values()
+                for binding in bindings
+                if acl_filter.matches(binding)
+            )
+            removed.update(matched)
+            results.append((None, matched))
+        wanted: dict[AclResource, set[AclBinding]] = {}
+        for binding in removed:
+            resource = _acl_resource(binding)
+            wanted.setdefault(resource, set(self.acls[resource])).discard(binding)
+        return results, self._acl_changes(wanted)
+
+    def _acl_changes(self, wanted: Mapping[AclResource, set[AclBinding]]) -> list[Change]:
+        """The changes that make each resource's ACLs those ``wanted``."""
+        rewrites = self._rewrites(
+            {r: frozenset(b) for r, b in wanted.items()},
+            self.acls,
+            self.paths.acl_resource,
+            layout.encode_acls,
+        )
+        return [
+            Change(r.ops, Delta(acls=r.last), acls=r.values, containers=r.containers)
+            for r in rewrites
+        ]
+
+    def alter_client_quotas(
+        self, alterations: Sequence[QuotaAlteration]
+    ) -> tuple[list[KafkaError | None], list[Change]]:
+        """Kafka's AlterClientQuotas: each alteration checked on its own (INVALID_REQUEST,
+        as ``QuotaEntity`` and ``validate_alteration`` say, or for an entity an earlier
+        alteration of the request named); removing a key that is not set does nothing.
+        Returns one result per alteration and the changes to commit in order: one znode
+        write per entity whose quotas change."""
+        results: list[KafkaError | None] = []
+        named: set[QuotaEntity] = set()
+        wanted: dict[QuotaEntity, dict[str, float]] = {}
+        for components, ops in alterations:
+            try:
+                entity = QuotaEntity(tuple(components))
+                if entity in named:
+                    raise KafkaError(
+                        ErrorCode.INVALID_REQUEST, f"Ignoring duplicate entity {entity}"
+                    )
+                named.add(entity)
+                changes = validate_alteration(entity, ops)
+            except KafkaError as exc:
+                results.append(exc)
+                continue
+            values = dict(self.client_quotas.get(entity, {}))
+            for key, value in changes.items():
+                if value is None:
+                    values.pop(key, None)
+                else:
+                    values[key] = value
+            wanted[entity] = values
+            results.append(None)
+        rewrites = self._rewrites(
+            wanted, self.client_quotas, self.paths.client_quota, layout.encode_client_quotas
+        )
+        return results, [
+            Change(
+                r.ops, Delta(client_quotas=r.last), client_quotas=r.values, containers=r.containers
+            )
+            for r in rewrites
+        ]
+
+    def _rewrites(
+        self,
+        wanted: Mapping[K, V],
+        stored: Mapping[K, V],
+        path: Callable[[K], str],
+        encode: Callable[[V], bytes],
+    ) -> list[Rewrite[K, V]]:
+        """The transactions, in order, that make each key's znode (``path``) hold its
+        ``wanted`` value where that differs from the ``stored`` one; an empty value deletes
+        the znode. A Create is preceded by the containers it needs that do not exist yet.
+        Each holds at most STORE_OPS_LIMIT ops and TRANSACTION_BYTES."""
+        ops: list[StoreOp] = []
+        keys: dict[str, K] = {}
+        made: set[str] = set()
+        for key, value in wanted.items():
+            if value == stored.get(key) or (not value and key not in stored):
+                continue  # unchanged
+            where = path(key)
+            keys[where] = key
+            if not value:
+                ops.append(Delete(where))
+            elif key in stored:
+                ops.append(SetData(where, encode(value)))
+            else:
+                for parent in self.paths.containers(where):
+                    if parent not in self.containers and parent not in made:
+                        made.add(parent)
+                        ops.append(Create(parent, b""))
+                ops.append(Create(where, encode(value)))
+        chunks: list[list[StoreOp]] = []
+        size = 0
+        for op in ops:
+            cost = len(op.path) + (0 if isinstance(op, Delete) else len(op.data))
+            if not chunks or len(chunks[-1]) >= STORE_OPS_LIMIT or size + cost > TRANSACTION_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(op)
+            size += cost
+        return [
+            Rewrite(
+                tuple(chunk),
+                i == len(chunks) - 1,
+                {keys[op.path]: wanted[keys[op.path]] for op in chunk if op.path in keys},
+                tuple(op.path for op in chunk if op.path in made),
+            )
+            for i, chunk in enumerate(chunks)
+        ]
+
     def _defaults(self) -> LogConfig:
         """What a topic without overrides gets, as far as this controller knows."""
         return LogConfig.from_properties(self.log_defaults)
@@ -1238,6 +1578,22 @@ class ClusterState:
                 self.broker_configs[broker_id] = dict(configs)
             else:
                 self.broker_configs.pop(broker_id, None)
+        self.containers.update(change.containers)
+        for user, credentials in change.scram.items():
+            if credentials:
+                self.scram[user] = dict(credentials)
+            else:
+                self.scram.pop(user, None)
+        for resource, bindings in change.acls.items():
+            if bindings:
+                self.acls[resource] = bindings
+            else:
+                self.acls.pop(resource, None)
+        for entity, values in change.client_quotas.items():
+            if values:
+                self.client_quotas[entity] = dict(values)
+            else:
+                self.client_quotas.pop(entity, None)
         for topic_id in change.delta.deleted_topic_ids:
             self._forget(self.topics.pop(topic_id))
         for topic_id, remote in change.remote_topics.items():
@@ -1263,6 +1619,22 @@ class ClusterState:
         del self.topic_ids[topic.name]
         self.partition_count -= len(topic.partitions)
         self.offline_count -= _offline(topic)
+
+
+def _scram_mechanism(user: str, number: int) -> ScramMechanism:
+    """Kafka's first two checks of a user's change, in its order."""
+    if not user:
+        raise KafkaError(ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
+    try:
+        return ScramMechanism(number)
+    except ValueError as exc:
+        raise KafkaError(
+            ErrorCode.UNSUPPORTED_SASL_MECHANISM, f"user {user!r}: unknown SCRAM mechanism {number}"
+        ) from exc
+
+
+def _acl_resource(binding: AclBinding) -> AclResource:
+    return AclResource(binding.resource_type, binding.pattern_type, binding.resource_name)
 
 
 def _offline(topic: Topic) -> int:

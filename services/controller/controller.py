@@ -20,14 +20,16 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc.controller_pb2 import MetadataUpdate
+from directlog.security.scram import ScramCredential, ScramMechanism
 from directlog.waits import wait_event
 from services.controller import layout, messages
-from services.controller.cluster import Change, ClusterState, Delta
+from services.controller.cluster import Change, ClusterState, Delta, ScramUpsertion
 from services.controller.layout import ControllerRecord, Layout
 from services.controller.metrics import ControllerMetrics
 from services.controller.settings import ControllerSettings
@@ -291,7 +293,11 @@ class Controller:
         self.metrics = metrics
         self.paths = Layout(settings.root)
         self.store = Store(
-            settings.consensus, self.paths, settings.consensus_session_timeout_ms / 1000
+            settings.consensus,
+            self.paths,
+            settings.consensus_session_timeout_ms / 1000,
+            tls=settings.consensus_tls,
+            auth=settings.consensus_auth,
         )
         self.term: Term | None = None
         self.active: ControllerRecord | None = None  # the other process that leads, if known
@@ -430,7 +436,11 @@ class Controller:
             state.partition_count,
         )
         try:
+            if settings.scram_bootstrap_file is not None:
+                await bootstrap_users(term, settings.scram_bootstrap_file)
             await term.ended.wait()
+        except NotActiveError:
+            pass  # the term ended on a failed write: stepped down already
         finally:
             self.step_down("stopping", planned=True)
             await self.store.resign(won.epoch_version)
@@ -450,3 +460,53 @@ class Controller:
             self.step_down("cut off from the consensus ensemble")
         else:
             self.step_down("the consensus session expired")
+
+
+def read_bootstrap_users(path: Path) -> dict[str, str]:
+    """The "user:password" lines of a scram_bootstrap_file (blank lines and # comments
+    skipped); ValueError for a line that is neither."""
+    users = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, colon, password = line.partition(":")
+        if not colon or not user or not password:
+            raise ValueError(f"{path}:{number}: not user:password")
+        users[user] = password
+    return users
+
+
+async def bootstrap_users(term: Term, path: Path) -> None:
+    """Create the bootstrap file's users that have no SCRAM credential yet, with both
+    mechanisms, so an operator (and the brokers) can log in to a new cluster."""
+    try:
+        users = read_bootstrap_users(path)
+    except (OSError, ValueError) as exc:
+        log.error("scram_bootstrap_file not read, no user created: %s", exc)
+        return
+    async with term.lock:
+        missing = {u: p for u, p in users.items() if not term.state.scram.get(u)}
+        upsertions = [
+            ScramUpsertion(
+                user,
+                mechanism,
+                credential.salt,
+                credential.stored_key,
+                credential.server_key,
+                credential.iterations,
+            )
+            for user, password in missing.items()
+            for mechanism in ScramMechanism
+            for credential in (ScramCredential.from_password(mechanism, password),)
+        ]
+        if not upsertions:
+            return
+        results, changes = term.state.alter_scram_credentials(upsertions, [])
+        for change in changes:
+            await term.commit(change)
+    for user, refusal in results:
+        if refusal is None:
+            log.info("SCRAM user %r created from the bootstrap file", user)
+        else:
+            log.error("SCRAM user %r of the bootstrap file not created: %s", user, refusal)

@@ -18,6 +18,15 @@ Under the root (``/directlog`` by default)::
     remote_log/<topic id>       {"name", "deleted"}: made with the topic's first record
     remote_log/<topic id>/<p>   {"version", "next_offset"}: made with the partition's first
     remote_log/<topic id>/<p>/<segment id>   one record: {"state", "base_offset", ...}
+    scram/<user>                {"credentials": {"SCRAM-SHA-256": {"salt", "stored_key",
+                                 "server_key", "iterations"}, ...}}: one user's SCRAM
+                                 credentials, made with the first and deleted with the last
+    acls/<type>/<pattern>/<name>   {"acls": [[principal, host, operation, permission], ...]}:
+                                 the ACLs of one resource pattern (acls/TOPIC/PREFIXED/orders-),
+                                 made with the first and deleted with the last
+    client_quotas/<entity>      {"quotas": {"producer_byte_rate": 1048576.0, ...}}: one quota
+                                 entity's quotas (client-id=app,user=alice; user=<default>),
+                                 made with the first and deleted with the last
 
 Topic ids are written as Kafka prints them (URL-safe base64, no padding). A partition has a
 state znode only once its state has changed: until then it is in its initial state (first
@@ -40,13 +49,32 @@ config names (``retention.ms``, which brokers show as ``log.retention.ms``); a t
 replication throttle rates, directlog/broker_config.py), apart from its registration, which
 every start of the broker rewrites; an id may have configs before it ever registers.
 
+``scram/<user>`` holds salted keys only (base64), never a password. A user name may hold
+any character, ``/`` included, so it is written percent-encoded (``encode_name``), as are
+resource names: one znode whatever the name, and an ordinary name reads as it is in a
+ZooKeeper shell, which base64 would hide. The security containers (``scram``, ``acls``,
+``acls/TOPIC``, ...) are made by the first write under them, in its transaction, so a store
+written before they existed needs nothing done to it.
+
+ACLs are kept by resource pattern, as Kafka kept them in ZooKeeper (/kafka-acl/Topic/name):
+creating an ACL rewrites only its resource's znode, so 10,000 ACLs spread over resources
+are as many small znodes, and a store of them loads with pipelined reads. Resource types,
+pattern types, operations and permissions are written by their Kafka names. An entry is a
+list rather than an object to keep a busy resource's znode small (``ACL_ZNODE_BYTES``).
+
+A quota entity's znode is named by its components in type order, ``type=name`` joined by
+commas, names percent-encoded and a default entity's name ``<default>`` as kafka-configs.sh
+prints it (percent-encoding writes a real name ``<default>`` as ``%3Cdefault%3E``).
+
 Everything is JSON: small, readable with any ZooKeeper shell, and tolerant of added keys.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -54,8 +82,13 @@ from typing import Any
 
 from directlog import topics
 from directlog.broker_config import validate_broker_configs
+from directlog.protocol.errors import KafkaError
+from directlog.security.acl import AclBinding, Operation, Permission, validate_binding
+from directlog.security.client_quotas import QuotaEntity, validate_alteration
+from directlog.security.scram import ScramCredential, ScramMechanism
 from directlog.topic_config import LogConfig
 from services.controller.model import (
+    AclResource,
     BrokerRegistration,
     Listener,
     PartitionState,
@@ -88,6 +121,9 @@ class Delete:
 StoreOp = Create | SetData | Delete
 
 PRODUCER_ID_LIMIT = 2**63  # producer ids are int64s from 0 up to, not including, this
+# The data of one resource's ACLs znode: ZooKeeper refuses a znode past jute.maxbuffer
+# (1 MiB by default), and CreateAcls refuses to grow one past this (some 12,000 ACLs).
+ACL_ZNODE_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +150,9 @@ class Layout:
         self.broker_configs = f"{self.root}/broker_configs"
         self.topics = f"{self.root}/topics"
         self.remote_log = f"{self.root}/remote_log"
+        self.scram = f"{self.root}/scram"
+        self.acls = f"{self.root}/acls"
+        self.client_quotas = f"{self.root}/client_quotas"
 
     def broker(self, broker_id: int) -> str:
         return f"{self.brokers}/{broker_id}"
@@ -136,6 +175,23 @@ class Layout:
     def remote_segment(self, topic_id: bytes, partition: int, segment_id: bytes) -> str:
         return f"{self.remote_partition(topic_id, partition)}/{uuid_text(segment_id)}"
 
+    def scram_user(self, user: str) -> str:
+        return f"{self.scram}/{encode_name(user)}"
+
+    def acl_resource(self, resource: AclResource) -> str:
+        kind, pattern, name = resource
+        return f"{self.acls}/{kind.name}/{pattern.name}/{encode_name(name)}"
+
+    def client_quota(self, entity: QuotaEntity) -> str:
+        return f"{self.client_quotas}/{encode_quota_entity(entity)}"
+
+    def containers(self, path: str) -> list[str]:
+        """The znodes between the root and ``path``, outermost first: those a Create of
+        ``path`` needs."""
+        assert path.startswith(self.root + "/"), path
+        parts = path[len(self.root) + 1 :].split("/")[:-1]
+        return [f"{self.root}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
+
 
 def uuid_text(raw: bytes) -> str:
     """Kafka's string form of a Uuid (topic, cluster and remote segment ids) from its 16
@@ -148,6 +204,53 @@ def uuid_bytes(text: str) -> bytes:
     if len(raw) != 16:
         raise ValueError(f"not a 16-byte id: {text!r}")
     return raw
+
+
+def encode_name(name: str) -> str:
+    """A name (a user, a resource, a quota entity's) as one znode name: its UTF-8
+    percent-encoded outside RFC 3986's unreserved characters, and the dots of ``.`` and
+    ``..`` too, the two such names ZooKeeper refuses. Empty names are refused before they
+    get here."""
+    if not name:
+        raise ValueError("an empty name has no znode")
+    text = urllib.parse.quote(name, safe="")
+    return "%2E" * len(text) if text in (".", "..") else text
+
+
+def decode_name(text: str) -> str:
+    """The name ``encode_name`` wrote; refuses any other spelling of it, so a znode
+    nothing here can have made stops a takeover."""
+    name = urllib.parse.unquote(text, errors="strict")
+    if not name or encode_name(name) != text:
+        raise ValueError(f"not an encoded name: {text!r}")
+    return name
+
+
+DEFAULT_NAME = "<default>"  # a quota entity's default name, as kafka-configs.sh prints it
+
+
+def encode_quota_entity(entity: QuotaEntity) -> str:
+    return ",".join(
+        f"{encode_name(kind)}={DEFAULT_NAME if name is None else encode_name(name)}"
+        for kind, name in entity.components
+    )
+
+
+def decode_quota_entity(text: str) -> QuotaEntity:
+    """The entity ``encode_quota_entity`` wrote, and only in that spelling."""
+    components = []
+    for part in text.split(","):
+        kind, equals, name = part.partition("=")
+        if not equals:
+            raise ValueError(f"not a quota entity: {text!r}")
+        components.append((decode_name(kind), None if name == DEFAULT_NAME else decode_name(name)))
+    try:
+        entity = QuotaEntity(tuple(components))
+    except KafkaError as exc:
+        raise ValueError(f"quota entity {text!r}: {exc}") from exc
+    if encode_quota_entity(entity) != text:
+        raise ValueError(f"not a quota entity as written here: {text!r}")
+    return entity
 
 
 def _dump(value: Mapping[str, Any]) -> bytes:
@@ -374,3 +477,97 @@ def decode_remote_segment(segment_id: bytes, data: bytes) -> RemoteSegment:
         epochs,
         int(value["event_time_ms"]),
     )
+
+
+def encode_scram(credentials: Iterable[ScramCredential]) -> bytes:
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return _dump(
+        {
+            "credentials": {
+                c.mechanism.mechanism_name: {
+                    "salt": b64(c.salt),
+                    "stored_key": b64(c.stored_key),
+                    "server_key": b64(c.server_key),
+                    "iterations": c.iterations,
+                }
+                for c in credentials
+            }
+        }
+    )
+
+
+def decode_scram(data: bytes) -> dict[ScramMechanism, ScramCredential]:
+    """Refuses credentials no AlterUserScramCredentials can have written (an unknown
+    mechanism, keys of the wrong size, iterations out of bounds, none at all): a
+    ScramCredential checks itself."""
+    credentials = {}
+    for name, value in _load(data)["credentials"].items():
+        mechanism = ScramMechanism.from_name(name)
+        try:
+            credentials[mechanism] = ScramCredential(
+                mechanism,
+                base64.b64decode(value["salt"], validate=True),
+                base64.b64decode(value["stored_key"], validate=True),
+                base64.b64decode(value["server_key"], validate=True),
+                int(value["iterations"]),
+            )
+        except binascii.Error as exc:
+            raise ValueError(f"{name}: {exc}") from exc
+    if not credentials:
+        raise ValueError("a scram znode without credentials")
+    return credentials
+
+
+def acl_entry(binding: AclBinding) -> list[str]:
+    return [binding.principal, binding.host, binding.operation.name, binding.permission.name]
+
+
+def acl_entry_bytes(binding: AclBinding) -> int:
+    """What ``binding`` adds to its resource's znode data."""
+    return len(json.dumps(acl_entry(binding), separators=(",", ":"))) + 1  # and a comma
+
+
+def encode_acls(bindings: Iterable[AclBinding]) -> bytes:
+    return _dump({"acls": sorted(acl_entry(b) for b in bindings)})
+
+
+def decode_acls(resource: AclResource, data: bytes) -> frozenset[AclBinding]:
+    """Refuses ACLs no CreateAcls can have written (``validate_binding``), or none."""
+    bindings = set()
+    for principal, host, operation, permission in _load(data)["acls"]:
+        binding = AclBinding(
+            resource.resource_type,
+            resource.name,
+            resource.pattern_type,
+            str(principal),
+            str(host),
+            Operation[operation],
+            Permission[permission],
+        )
+        try:
+            validate_binding(binding)
+        except KafkaError as exc:
+            raise ValueError(f"{resource}: {exc}") from exc
+        bindings.add(binding)
+    if not bindings:
+        raise ValueError(f"{resource}: an ACL znode without ACLs")
+    return frozenset(bindings)
+
+
+def encode_client_quotas(values: Mapping[str, float]) -> bytes:
+    return _dump({"quotas": dict(values)})
+
+
+def decode_client_quotas(entity: QuotaEntity, data: bytes) -> dict[str, float]:
+    """Refuses quotas no AlterClientQuotas can have written (``validate_alteration``), or
+    none."""
+    values = {str(k): float(v) for k, v in _load(data)["quotas"].items()}
+    try:
+        validate_alteration(entity, list(values.items()))
+    except KafkaError as exc:
+        raise ValueError(f"{entity}: {exc}") from exc
+    if not values:
+        raise ValueError(f"{entity}: a client quota znode without quotas")
+    return values

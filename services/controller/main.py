@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from directlog import heap
 from directlog.rpc import controller_pb2_grpc
+from directlog.security import grpc_tls
 from services.controller.controller import Controller
 from services.controller.metrics import ControllerMetrics
 from services.controller.service import ControllerService
@@ -34,7 +35,7 @@ async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> N
     controller_pb2_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
         ControllerService(controller), server
     )
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    port = grpc_tls.add_port(server, f"{settings.host}:{settings.port}", settings.grpc_tls)
     if port == 0:
         raise OSError(f"cannot listen on {settings.host}:{settings.port}")
     await server.start()

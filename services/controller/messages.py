@@ -1,13 +1,25 @@
-"""The cluster image and the remote log metadata as the protobuf messages of
-proto/controller.proto."""
+"""The cluster image, the remote log metadata and the security metadata as the protobuf
+messages of proto/controller.proto, and the records the controller plans with out of the
+requests' messages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
-from services.controller.cluster import ClusterState, Delta
+from directlog.security.acl import (
+    AclBinding,
+    AclBindingFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from directlog.security.client_quotas import QuotaEntity
+from directlog.security.scram import ScramCredential
+from services.controller.cluster import ClusterState, Delta, QuotaAlteration, ScramUpsertion
 from services.controller.model import (
     BrokerRegistration,
     Listener,
@@ -67,13 +79,17 @@ def metadata_update(
 ) -> pb.MetadataUpdate:
     """The whole image when ``delta`` is None, else the delta: every broker, the topics it
     touched (only their changed partitions) and the topics it deleted. Both carry every
-    cluster-wide default of topic configs and every broker's dynamic configs."""
+    cluster-wide default of topic configs and every broker's dynamic configs; each kind of
+    security metadata comes whole in the image, and in a delta only when it changed."""
     if delta is None:
         topics = [topic(item) for item in state.topics.values()]
         deleted: tuple[bytes, ...] = ()
     else:
         topics = [topic(state.topics[t], indexes) for t, indexes in delta.topics.items()]
         deleted = delta.deleted_topic_ids
+    has_scram = delta is None or delta.scram_credentials
+    has_acls = delta is None or delta.acls
+    has_quotas = delta is None or delta.client_quotas
     return pb.MetadataUpdate(
         version=version,
         full=delta is None,
@@ -88,6 +104,108 @@ def metadata_update(
             pb.BrokerConfigs(broker_id=b, configs=c)
             for b, c in sorted(state.broker_configs.items())
         ],
+        has_scram_credentials=has_scram,
+        scram_credentials=[
+            scram_credential(user, credential)
+            for user, credentials in state.scram.items()
+            for credential in credentials.values()
+        ]
+        if has_scram
+        else [],
+        has_acls=has_acls,
+        acls=[acl_binding(b) for bindings in state.acls.values() for b in bindings]
+        if has_acls
+        else [],
+        has_client_quotas=has_quotas,
+        client_quotas=[client_quota(e, v) for e, v in state.client_quotas.items()]
+        if has_quotas
+        else [],
+    )
+
+
+def scram_credential(user: str, credential: ScramCredential) -> pb.ScramCredential:
+    return pb.ScramCredential(
+        user=user,
+        mechanism=credential.mechanism,
+        salt=credential.salt,
+        stored_key=credential.stored_key,
+        server_key=credential.server_key,
+        iterations=credential.iterations,
+    )
+
+
+def scram_upsertion(message: pb.ScramCredential) -> ScramUpsertion:
+    return ScramUpsertion(
+        message.user,
+        message.mechanism,
+        message.salt,
+        message.stored_key,
+        message.server_key,
+        message.iterations,
+    )
+
+
+E = TypeVar("E", ResourceType, PatternType, Operation, Permission)
+
+
+def _code(kind: type[E], value: int) -> E:
+    """A Kafka ACL enum from its wire code; a code it does not know is UNKNOWN, which
+    validation refuses, as Kafka reads one."""
+    try:
+        return kind(value)
+    except ValueError:
+        return kind(0)
+
+
+def acl_binding(binding: AclBinding) -> pb.AclBinding:
+    return pb.AclBinding(
+        resource_type=binding.resource_type,
+        resource_name=binding.resource_name,
+        pattern_type=binding.pattern_type,
+        principal=binding.principal,
+        host=binding.host,
+        operation=binding.operation,
+        permission=binding.permission,
+    )
+
+
+def acl_binding_record(message: pb.AclBinding) -> AclBinding:
+    """A binding as a request carries it (unchecked: ``validate_binding`` judges it)."""
+    return AclBinding(
+        _code(ResourceType, message.resource_type),
+        message.resource_name,
+        _code(PatternType, message.pattern_type),
+        message.principal,
+        message.host,
+        _code(Operation, message.operation),
+        _code(Permission, message.permission),
+    )
+
+
+def acl_filter_record(message: pb.AclBindingFilter) -> AclBindingFilter:
+    """A filter as a request carries it (unchecked: ``validate_filter`` judges it)."""
+    return AclBindingFilter(
+        _code(ResourceType, message.resource_type),
+        message.resource_name if message.HasField("resource_name") else None,
+        _code(PatternType, message.pattern_type),
+        message.principal if message.HasField("principal") else None,
+        message.host if message.HasField("host") else None,
+        _code(Operation, message.operation),
+        _code(Permission, message.permission),
+    )
+
+
+def client_quota(entity: QuotaEntity, values: Mapping[str, float]) -> pb.ClientQuota:
+    return pb.ClientQuota(
+        entity=[pb.QuotaEntityComponent(entity_type=t, name=n) for t, n in entity.components],
+        values=values,
+    )
+
+
+def quota_alteration(message: pb.QuotaAlteration) -> QuotaAlteration:
+    return (
+        [(c.entity_type, c.name if c.HasField("name") else None) for c in message.entity],
+        [(op.key, op.value if op.HasField("value") else None) for op in message.ops],
     )
 
 

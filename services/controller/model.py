@@ -1,5 +1,6 @@
-"""The records of the cluster image: broker registrations, topics and partition states, and
-the remote log metadata of tiered storage (KIP-405).
+"""The records of the cluster image: broker registrations, topics and partition states, the
+remote log metadata of tiered storage (KIP-405), and the resource patterns ACLs are kept by
+(the security records themselves are directlog.security's, shared with the brokers).
 
 Immutable values: a change replaces a record, so an image handed to a stream or a test is
 never modified behind its back.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from directlog.security.acl import PatternType, ResourceType
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +125,11 @@ class RemoteTopic:
 
     name: str
     deleted: bool = False
+
+
+class AclResource(NamedTuple):
+    """A resource pattern: the ACLs attached to it are stored together, in one znode."""
+
+    resource_type: ResourceType
+    pattern_type: PatternType
+    name: str

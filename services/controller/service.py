@@ -404,6 +404,118 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             )
         return pb.AlterBrokerConfigsReply()
 
+    # Security metadata ------------------------------------------------------------------
+
+    async def AlterUserScramCredentials(
+        self, request: pb.AlterUserScramCredentialsRequest, context: Context
+    ) -> pb.AlterUserScramCredentialsReply:
+        """Every change committed before the reply; only users are logged, never keys."""
+        upsertions = [messages.scram_upsertion(item) for item in request.upsertions]
+        deletions = [(item.user, item.mechanism) for item in request.deletions]
+        with self._metrics.rpc("AlterUserScramCredentials"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    results, changes = term.state.alter_scram_credentials(upsertions, deletions)
+                    await _commit_all(term, changes)
+            except NotActiveError:
+                await self._not_active(context)
+        for user, refusal in results:
+            if refusal is None:
+                log.info("SCRAM credentials of user %r altered", user)
+            else:
+                log.info("SCRAM credentials of user %r not altered: %s", user, refusal)
+        return pb.AlterUserScramCredentialsReply(
+            results=[
+                pb.UserResult(
+                    user=user,
+                    error_code=0 if refusal is None else refusal.code,
+                    error_message="" if refusal is None else str(refusal),
+                )
+                for user, refusal in results
+            ]
+        )
+
+    async def CreateAcls(
+        self, request: pb.CreateAclsRequest, context: Context
+    ) -> pb.CreateAclsReply:
+        bindings = [messages.acl_binding_record(item) for item in request.creations]
+        with self._metrics.rpc("CreateAcls"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    results, changes = term.state.create_acls(bindings)
+                    await _commit_all(term, changes)
+            except NotActiveError:
+                await self._not_active(context)
+        refused = [(b, e) for b, e in zip(bindings, results, strict=True) if e is not None]
+        for binding, error in refused:
+            log.info("CreateAcls of %s refused: %s", binding, error)
+        log.info(
+            "CreateAcls: %d ACLs created or present, %d refused",
+            len(bindings) - len(refused),
+            len(refused),
+        )
+        return pb.CreateAclsReply(results=[_acl_result(e) for e in results])
+
+    async def DeleteAcls(
+        self, request: pb.DeleteAclsRequest, context: Context
+    ) -> pb.DeleteAclsReply:
+        filters = [messages.acl_filter_record(item) for item in request.filters]
+        with self._metrics.rpc("DeleteAcls"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    results, changes = term.state.delete_acls(filters)
+                    await _commit_all(term, changes)
+            except NotActiveError:
+                await self._not_active(context)
+        for acl_filter, (error, deleted) in zip(filters, results, strict=True):
+            if error is None:
+                log.info("DeleteAcls %s: %d ACLs deleted", acl_filter, len(deleted))
+            else:
+                log.info("DeleteAcls %s refused: %s", acl_filter, error)
+        return pb.DeleteAclsReply(
+            results=[
+                pb.DeleteAclsFilterResult(
+                    error_code=0 if error is None else error.code,
+                    error_message="" if error is None else str(error),
+                    deleted=[messages.acl_binding(b) for b in deleted],
+                )
+                for error, deleted in results
+            ]
+        )
+
+    async def AlterClientQuotas(
+        self, request: pb.AlterClientQuotasRequest, context: Context
+    ) -> pb.AlterClientQuotasReply:
+        alterations = [messages.quota_alteration(item) for item in request.alterations]
+        with self._metrics.rpc("AlterClientQuotas"):
+            try:
+                term = self._controller.require_term()
+                async with term.lock:
+                    results, changes = term.state.alter_client_quotas(alterations)
+                    if not request.validate_only:
+                        await _commit_all(term, changes)
+            except NotActiveError:
+                await self._not_active(context)
+        for (components, _ops), error in zip(alterations, results, strict=True):
+            if error is not None:
+                log.info("AlterClientQuotas of %s refused: %s", components, error)
+        if not request.validate_only:
+            for change in changes:
+                for entity, values in change.client_quotas.items():
+                    log.info("client quotas of %s now %s", entity, dict(values))
+        return pb.AlterClientQuotasReply(
+            results=[
+                pb.QuotaResult(
+                    error_code=0 if error is None else error.code,
+                    error_message="" if error is None else str(error),
+                )
+                for error in results
+            ]
+        )
+
     async def _topics(
         self,
         method: str,
@@ -604,6 +716,18 @@ def _remote_listing(
     if item.known_version == records.version:
         return None
     return messages.remote_log_partition(item.topic_id, item.partition, records)
+
+
+async def _commit_all(term: Term, changes: Iterable[Change]) -> None:
+    """Commit, in order, the changes one request was planned as. The caller holds the lock."""
+    for change in changes:
+        await term.commit(change)
+
+
+def _acl_result(error: KafkaError | None) -> pb.AclResult:
+    if error is None:
+        return pb.AclResult()
+    return pb.AclResult(error_code=error.code, error_message=str(error))
 
 
 def _refuse(name: str, why: str) -> TopicPlan:

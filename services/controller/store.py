@@ -26,12 +26,24 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, Id, Permissions, make_digest_acl
 
+from directlog.security.acl import AclBinding, PatternType, ResourceType
+from directlog.security.client_quotas import QuotaEntity
+from directlog.security.scram import ScramCredential, ScramMechanism
+from directlog.security.tls import TlsFiles
 from directlog.waits import within
 from services.controller import layout
 from services.controller.cluster import Image
 from services.controller.layout import ControllerRecord, Create, Delete, Layout, SetData, StoreOp
-from services.controller.model import PartitionState, RemotePartition, RemoteTopic, Topic
+from services.controller.model import (
+    AclResource,
+    PartitionState,
+    RemotePartition,
+    RemoteTopic,
+    Topic,
+)
+from services.controller.settings import ConsensusAuth
 
 log = logging.getLogger("directlog.controller.store")
 
@@ -53,13 +65,48 @@ class Won:
 
 
 class Store:
-    def __init__(self, hosts: str, paths: Layout, session_timeout: float) -> None:
+    def __init__(
+        self,
+        hosts: str,
+        paths: Layout,
+        session_timeout: float,
+        *,
+        tls: TlsFiles | None = None,
+        auth: ConsensusAuth | None = None,
+    ) -> None:
+        """``tls``: connect to the members' secure client ports, checking their certificates
+        and host names against ``tls.ca_file`` (and presenting ``tls.cert_file``). ``auth``:
+        authenticate as that identity, and create every znode (the root included) with an
+        ACL granting it everything and nobody else anything: the store also holds
+        credentials (SCRAM) and only controllers read it, so there is no world READ."""
         self.paths = paths
         self.op_timeout = session_timeout  # past it the session is as good as gone
+        security: dict[str, Any] = {}
+        if tls is not None:
+            key_password = tls.key_password.get_secret_value() if tls.key_password else None
+            security.update(
+                use_ssl=True,
+                verify_certs=True,
+                check_hostname=True,
+                ca=None if tls.ca_file is None else str(tls.ca_file),
+                certfile=None if tls.cert_file is None else str(tls.cert_file),
+                keyfile=None if tls.key_file is None else str(tls.key_file),
+                keyfile_password=key_password,
+            )
+        if auth is not None:
+            user, password = auth.username, auth.password.get_secret_value()
+            if auth.scheme == "digest":
+                security["auth_data"] = [("digest", f"{user}:{password}")]
+                security["default_acl"] = [make_digest_acl(user, password, all=True)]
+            else:
+                mechanism = {"mechanism": "DIGEST-MD5", "username": user, "password": password}
+                security["sasl_options"] = mechanism
+                security["default_acl"] = [ACL(Permissions.ALL, Id("sasl", user))]
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0),
+            **security,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -214,6 +261,7 @@ class Store:
                 for name in await self._call(self._client.get_children_async, paths.topics)
             ]
             topics = await asyncio.gather(*(self._load_topic(t) for t in topic_ids))
+            containers: set[str] = set()
             return Image(
                 layout.decode_cluster_id(cluster_data),
                 brokers,
@@ -223,9 +271,75 @@ class Store:
                 await self._load_remote_topics(),
                 layout.decode_log_defaults(defaults_data),
                 broker_configs,
+                scram=await self._load_scram(containers),
+                acls=await self._load_acls(containers),
+                client_quotas=await self._load_client_quotas(containers),
+                containers=frozenset(containers),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StoreError(f"the store holds a malformed znode: {exc!r}") from exc
+
+    async def _load_scram(
+        self, containers: set[str]
+    ) -> dict[str, dict[ScramMechanism, ScramCredential]]:
+        """Every user's SCRAM credentials; ``containers`` gets the container if it exists."""
+        names = await self._children(self.paths.scram)
+        if names is None:
+            return {}
+        containers.add(self.paths.scram)
+        users = [layout.decode_name(name) for name in names]
+        data = await self._gets([self.paths.scram_user(user) for user in users])
+        return {user: layout.decode_scram(d) for user, d in zip(users, data, strict=True)}
+
+    async def _load_acls(self, containers: set[str]) -> dict[AclResource, frozenset[AclBinding]]:
+        """Every resource pattern's ACLs, the levels of ``acls`` read one after the other
+        and each level's reads pipelined; ``containers`` gets the containers that exist."""
+        top = self.paths.acls
+        kinds = await self._children(top)
+        if kinds is None:
+            return {}
+        containers.add(top)
+        containers.update(f"{top}/{kind}" for kind in kinds)
+        pattern_names = await asyncio.gather(*(self._children(f"{top}/{k}") for k in kinds))
+        patterns = [
+            f"{top}/{kind}/{pattern}"
+            for kind, names in zip(kinds, pattern_names, strict=True)
+            for pattern in names or ()
+        ]
+        containers.update(patterns)
+        names = await asyncio.gather(*(self._children(path) for path in patterns))
+        resources: list[AclResource] = []
+        for path, children in zip(patterns, names, strict=True):
+            kind, pattern = path.rsplit("/", 2)[1:]
+            resources.extend(
+                AclResource(ResourceType[kind], PatternType[pattern], layout.decode_name(child))
+                for child in children or ()
+            )
+        data = await self._gets([self.paths.acl_resource(r) for r in resources])
+        return {r: layout.decode_acls(r, d) for r, d in zip(resources, data, strict=True)}
+
+    async def _load_client_quotas(
+        self, containers: set[str]
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """Every quota entity's quotas; ``containers`` gets the container if it exists."""
+        names = await self._children(self.paths.client_quotas)
+        if names is None:
+            return {}
+        containers.add(self.paths.client_quotas)
+        entities = [layout.decode_quota_entity(name) for name in names]
+        data = await self._gets([self.paths.client_quota(e) for e in entities])
+        return {e: layout.decode_client_quotas(e, d) for e, d in zip(entities, data, strict=True)}
+
+    async def _children(self, path: str) -> list[str] | None:
+        """The names under a znode; None when it does not exist (a security container
+        before its first write)."""
+        try:
+            names: list[str] = await self._call(self._client.get_children_async, path)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return None
+            raise
+        return names
 
     async def _load_topic(self, topic_id: bytes) -> Topic:
         path = self.paths.topic(topic_id)

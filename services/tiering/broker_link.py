@@ -1,8 +1,10 @@
 """The tiering service's side of proto/tiering.proto: calls on its broker's BrokerTiering
-service (localhost in a pod), each bounded by a deadline."""
+service (localhost in a pod), each bounded by a deadline, plain or with mutual TLS (a new
+channel once the TLS files are renewed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -11,8 +13,11 @@ from directlog.protocol.errors import ErrorCode
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import tiering_pb2 as tpb
 from directlog.rpc import tiering_pb2_grpc
+from directlog.security.grpc_tls import Channels
+from directlog.security.tls import TlsFiles
 
 CALL_TIMEOUT = 15.0  # a forwarded call waits for the controller too
+Stub = tiering_pb2_grpc.BrokerTieringStub
 
 
 class BrokerUnavailableError(Exception):
@@ -28,17 +33,29 @@ class RefusedError(Exception):
 
 
 class BrokerLink:
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, tls: TlsFiles | None = None, server_name: str | None = None
+    ) -> None:
+        """``tls``, ``server_name``: the settings broker_tls and broker_tls_server_name."""
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._tls = Channels(tls, peer="broker", setting="broker_tls", server_name=server_name)
+        self._channel = self._tls.open(address)
         self._stub = tiering_pb2_grpc.BrokerTieringStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         await self._channel.close()
 
+    async def _renew_channel(self) -> None:
+        """After the TLS files changed, calls go on a new channel, so its handshake presents
+        the new certificate (a call still on the old one is cut: the manager retries)."""
+        if self._tls.outdated(self._channel):
+            old, self._channel = self._channel, self._tls.open(self.address)
+            self._stub = tiering_pb2_grpc.BrokerTieringStub(self._channel)  # type: ignore[no-untyped-call]
+            await old.close()
+
     async def partitions(self) -> tpb.ListPartitionsReply:
         reply: tpb.ListPartitionsReply = await self._call(
-            self._stub.ListPartitions, tpb.ListPartitionsRequest()
+            lambda s: s.ListPartitions, tpb.ListPartitionsRequest()
         )
         return reply
 
@@ -46,7 +63,7 @@ class BrokerLink:
         self, wanted: list[pb.PartitionVersion]
     ) -> list[pb.RemoteLogPartition]:
         reply = await self._call(
-            self._stub.ListRemoteLogSegments, pb.ListRemoteLogSegmentsRequest(partitions=wanted)
+            lambda s: s.ListRemoteLogSegments, pb.ListRemoteLogSegmentsRequest(partitions=wanted)
         )
         return list(reply.partitions)
 
@@ -55,7 +72,7 @@ class BrokerLink:
     ) -> pb.UpdateRemoteLogSegmentReply:
         """Move a remote log record to `segment.state`; RefusedError if not allowed."""
         reply: pb.UpdateRemoteLogSegmentReply = await self._call(
-            self._stub.UpdateRemoteLogSegment,
+            lambda s: s.UpdateRemoteLogSegment,
             pb.UpdateRemoteLogSegmentRequest(
                 topic_id=topic_id,
                 partition=partition,
@@ -69,13 +86,13 @@ class BrokerLink:
 
     async def deletions(self) -> list[pb.RemoteLogDeletion]:
         reply = await self._call(
-            self._stub.ListRemoteLogDeletions, pb.ListRemoteLogDeletionsRequest()
+            lambda s: s.ListRemoteLogDeletions, pb.ListRemoteLogDeletionsRequest()
         )
         return list(reply.topics)
 
     async def finish_deletion(self, topic_id: bytes) -> None:
         reply = await self._call(
-            self._stub.FinishRemoteLogDeletion,
+            lambda s: s.FinishRemoteLogDeletion,
             pb.FinishRemoteLogDeletionRequest(topic_id=topic_id),
         )
         if reply.error_code not in (ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_ID):
@@ -83,7 +100,7 @@ class BrokerLink:
 
     async def remote_log_changed(self, topic: str, partition: int, log_start: int = -1) -> None:
         reply = await self._call(
-            self._stub.RemoteLogChanged,
+            lambda s: s.RemoteLogChanged,
             tpb.RemoteLogChangedRequest(
                 topic=topic, partition=partition, log_start_offset=log_start
             ),
@@ -91,9 +108,10 @@ class BrokerLink:
         if reply.error_code != ErrorCode.NONE:
             raise RefusedError(reply.error_code, reply.error_message)
 
-    async def _call(self, method: Any, request: object) -> Any:
+    async def _call(self, method: Callable[[Stub], Any], request: object) -> Any:
+        await self._renew_channel()
         try:
-            return await method(request, timeout=CALL_TIMEOUT)
+            return await method(self._stub)(request, timeout=CALL_TIMEOUT)
         except grpc.aio.AioRpcError as error:
             raise BrokerUnavailableError(
                 f"broker {self.address}: {error.code().name} {error.details()}"

@@ -34,7 +34,7 @@ async def run_tiering(settings: TieringSettings, stop: asyncio.Event) -> None:
     os.nice(settings.niceness)
     store = RemoteStore(settings.store_config())
     metrics = TieringMetrics()
-    link = BrokerLink(settings.broker)
+    link = BrokerLink(settings.broker, settings.broker_tls, settings.broker_tls_server_name)
     manager = RemoteLogManager(settings, link, store, metrics)
     metrics_port = metrics.serve(settings.metrics_host, settings.metrics_port, manager.readiness)
     print(

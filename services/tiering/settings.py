@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from directlog.remote.store import StoreConfig
+from directlog.security.tls import TlsFiles
 from directlog.settings import ServiceSettings
 
 
@@ -20,6 +21,13 @@ class TieringSettings(ServiceSettings):
 
     # The broker's BrokerTiering gRPC service (its tiering_host:tiering_port).
     broker: str = "127.0.0.1:9393"
+    # Mutual TLS to it (docs/security.md): this sidecar's certificate, which must chain to
+    # the broker's tiering_tls.ca_file, and the CA the broker's certificate must chain to.
+    # Unset: plaintext gRPC.
+    broker_tls: TlsFiles | None = None
+    # The name the broker's certificate is checked for, when it does not name the host of
+    # `broker` (the sidecar dials 127.0.0.1; the certificate may name the pod's DNS name).
+    broker_tls_server_name: str | None = None
     metrics_host: str = "127.0.0.1"  # where /metrics listens
     metrics_port: int = Field(9408, ge=0, le=65535)  # 0 picks a free port
     # The remote store: file:///dir, s3://bucket/prefix or hdfs://host:port/dir.

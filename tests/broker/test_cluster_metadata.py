@@ -1,14 +1,22 @@
 """The broker's cluster image layers a topic's log settings: built-in defaults, the broker's
 static log_defaults, the cluster-wide defaults the controller streams, the topic's
-overrides; a change of the cluster-wide defaults reconfigures every topic."""
+overrides; a change of the cluster-wide defaults reconfigures every topic. It keeps the
+security metadata (SCRAM credentials, ACLs, client quotas) each kind's delta flag says is
+sent whole, tells "unchanged" from "emptied", and tells its listeners which kinds changed."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
+
+import pytest
 
 from directlog.rpc import controller_pb2 as pb
+from directlog.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from directlog.security.client_quotas import QuotaEntity
+from directlog.security.scram import ScramMechanism
 from directlog.topic_config import LogConfig
-from services.broker.cluster_metadata import ClusterImage
+from services.broker.cluster_metadata import ClusterImage, SecurityKind
 
 STATIC = {"retention.ms": "2000", "segment.ms": "9000"}
 
@@ -74,3 +82,121 @@ def test_every_update_carries_every_brokers_dynamic_configs() -> None:
     assert image.configs_of_broker(0) == {}
     image.apply(update(2, {}))  # a delta without them: none are left
     assert image.broker_configs == {}
+
+
+def security_update(version: int, *, full: bool = False, **kinds: list[Any]) -> pb.MetadataUpdate:
+    """An update carrying the kinds of security metadata named (``acls=[]``: emptied)."""
+    message = update(version, {}, full=full)
+    for kind, items in kinds.items():
+        setattr(message, f"has_{kind}", True)
+        getattr(message, kind).extend(items)
+    return message
+
+
+ALICE_256 = pb.ScramCredential(
+    user="alice", mechanism=1, salt=b"s", stored_key=b"k" * 32, server_key=b"v" * 32,
+    iterations=4096,
+)  # fmt: skip
+ALICE_512 = pb.ScramCredential(
+    user="alice", mechanism=2, salt=b"t", stored_key=b"k" * 64, server_key=b"v" * 64,
+    iterations=8192,
+)  # fmt: skip
+READ_ORDERS = pb.AclBinding(
+    resource_type=2, resource_name="orders", pattern_type=3, principal="User:alice", host="*",
+    operation=3, permission=3,
+)  # fmt: skip
+ALICE_QUOTA = pb.ClientQuota(
+    entity=[pb.QuotaEntityComponent(entity_type="user", name="alice")],
+    values={"producer_byte_rate": 1024.0},
+)
+DEFAULT_QUOTA = pb.ClientQuota(
+    entity=[
+        pb.QuotaEntityComponent(entity_type="user"),  # no name: the default user
+        pb.QuotaEntityComponent(entity_type="client-id", name="app"),
+    ],
+    values={"request_percentage": 50.0},
+)
+
+
+@pytest.mark.timeout(30)
+def test_the_security_metadata_comes_in_full_images_and_is_kept_through_other_deltas() -> None:
+    image = ClusterImage(LogConfig())
+    told: list[frozenset[SecurityKind]] = []
+    image.on_security_change.append(told.append)
+    image.apply(
+        security_update(
+            1,
+            full=True,
+            scram_credentials=[ALICE_256, ALICE_512],
+            acls=[READ_ORDERS],
+            client_quotas=[ALICE_QUOTA, DEFAULT_QUOTA],
+        )
+    )
+    assert told == [frozenset(SecurityKind)]
+    assert image.scram_credential("alice", 2) == ALICE_512
+    assert image.scram_credential("alice", ScramMechanism.SCRAM_SHA_256) == ALICE_256
+    assert image.scram_credential("bob", 1) is None
+    assert image.scram_users() == {"alice": [ALICE_256, ALICE_512]}
+    assert image.acls == {
+        AclBinding(
+            ResourceType.TOPIC,
+            "orders",
+            PatternType.LITERAL,
+            "User:alice",
+            "*",
+            Operation.READ,
+            Permission.ALLOW,
+        )
+    }
+    assert image.client_quotas == {
+        QuotaEntity((("user", "alice"),)): {"producer_byte_rate": 1024.0},
+        QuotaEntity((("client-id", "app"), ("user", None))): {"request_percentage": 50.0},
+    }
+
+    # A delta that does not carry them (an ISR change, say) leaves them as they are.
+    image.apply(update(2, {}))
+    assert told == [frozenset(SecurityKind)]
+    assert image.scram_users() == {"alice": [ALICE_256, ALICE_512]} and len(image.acls) == 1
+    assert len(image.client_quotas) == 2
+
+    # A full image from a new controller with the same content is no change.
+    image.apply(
+        security_update(
+            1,
+            full=True,
+            scram_credentials=[ALICE_512, ALICE_256],
+            acls=[READ_ORDERS],
+            client_quotas=[DEFAULT_QUOTA, ALICE_QUOTA],
+        )
+    )
+    assert told == [frozenset(SecurityKind)]
+
+
+@pytest.mark.timeout(30)
+def test_a_delta_flag_with_nothing_listed_empties_that_kind_only() -> None:
+    image = ClusterImage(LogConfig())
+    told: list[frozenset[SecurityKind]] = []
+    image.on_security_change.append(told.append)
+    image.apply(
+        security_update(
+            1, full=True, scram_credentials=[ALICE_256], acls=[READ_ORDERS], client_quotas=[]
+        )
+    )
+    image.apply(security_update(2, acls=[]))
+    assert told[-1] == {SecurityKind.ACLS}
+    assert image.acls == frozenset()
+    assert image.scram_users() == {"alice": [ALICE_256]}  # untouched
+
+    image.apply(security_update(3, scram_credentials=[ALICE_512], client_quotas=[ALICE_QUOTA]))
+    assert told[-1] == {SecurityKind.SCRAM_CREDENTIALS, SecurityKind.CLIENT_QUOTAS}
+    assert image.scram_users() == {"alice": [ALICE_512]}  # the set is replaced whole
+    assert image.client_quotas == {
+        QuotaEntity((("user", "alice"),)): {"producer_byte_rate": 1024.0}
+    }
+
+    # A full image without them: a new controller whose store has none.
+    image.apply(security_update(4, full=True, scram_credentials=[], acls=[], client_quotas=[]))
+    assert told[-1] == {SecurityKind.SCRAM_CREDENTIALS, SecurityKind.CLIENT_QUOTAS}
+    assert (image.scram_users(), image.acls, image.client_quotas) == ({}, frozenset(), {})
+    # The first image had no quotas, as the image had none before it: no change of them.
+    assert told[0] == {SecurityKind.SCRAM_CREDENTIALS, SecurityKind.ACLS} and len(told) == 4

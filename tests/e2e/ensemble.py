@@ -42,17 +42,23 @@ class Ensemble:
         member_hosts: Mapping[int, str] | None = None,
         command_prefix: Mapping[int, Sequence[str]] | None = None,
         peer_route: Callable[[int, int], str] | None = None,
+        secure_client: bool = False,
+        member_settings: Mapping[int, dict[str, Any]] | None = None,
     ) -> None:
         """``member_hosts``: the address each member binds (client, peer and metrics ports),
         127.0.0.1 when not given. ``command_prefix``: argv put before a member's command
         (e.g. ``ip netns exec NS``). ``peer_route(i, j)``: the ``host:port`` member ``i``
-        dials to reach member ``j`` (e.g. a proxy); when given, each member gets a config
-        file of its own (``ensemble-<i>.yaml``)."""
+        dials to reach member ``j`` (e.g. a proxy). ``secure_client``: every member also
+        serves a TLS client port (``secure_ports``; ``settings`` must hold client_tls).
+        ``member_settings``: settings of one member over ``settings``. With ``peer_route``
+        or ``member_settings`` each member gets a config file of its own
+        (``ensemble-<i>.yaml``)."""
         self.work_dir = Path(work_dir)
         self.ids = list(range(1, size + 1))
         self.client_ports = {i: free_port() for i in self.ids}
         self.peer_ports = {i: free_port() for i in self.ids}
         self.metrics_ports = {i: free_port() for i in self.ids}
+        self.secure_ports = {i: free_port() for i in self.ids} if secure_client else {}
         self.data_dir = self.work_dir / "consensus"
         self.config_path = self.work_dir / "ensemble.yaml"
         self.settings = {
@@ -65,6 +71,7 @@ class Ensemble:
         self.member_hosts = dict(member_hosts or {})
         self.command_prefix = {i: list(p) for i, p in (command_prefix or {}).items()}
         self.peer_route = peer_route
+        self.member_settings = {i: dict(m) for i, m in (member_settings or {}).items()}
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.exit_codes: dict[int, list[int]] = {i: [] for i in self.ids}
 
@@ -77,6 +84,11 @@ class Ensemble:
 
     def host(self, member: int) -> str:
         return f"{self.address(member)}:{self.client_ports[member]}"
+
+    @property
+    def secure_hosts(self) -> str:
+        """The connect string of every member's TLS client port."""
+        return ",".join(f"{self.address(i)}:{self.secure_ports[i]}" for i in self.ids)
 
     def address(self, member: int) -> str:
         """The IP address member ``member`` binds."""
@@ -91,7 +103,7 @@ class Ensemble:
 
     def member_config_path(self, member: int) -> Path:
         """The config file member ``member`` is started with."""
-        if self.peer_route is None:
+        if self.peer_route is None and not self.member_settings:
             return self.config_path
         return self.work_dir / f"ensemble-{member}.yaml"
 
@@ -109,17 +121,19 @@ class Ensemble:
             }
             for i in self.ids
         }
+        for i, port in self.secure_ports.items():
+            members[i]["secure_client"] = f"{self.address(i)}:{port}"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({"members": members, **self.settings}))
-        if self.peer_route is not None:
+        if self.member_config_path(self.ids[0]) != self.config_path:
+            route = self.peer_route
             for i in self.ids:
                 routed = {
-                    j: {**m, "peer": m["peer"] if j == i else self.peer_route(i, j)}
+                    j: {**m, "peer": m["peer"] if j == i or route is None else route(i, j)}
                     for j, m in members.items()
                 }
-                self.member_config_path(i).write_text(
-                    yaml.safe_dump({"members": routed, **self.settings})
-                )
+                own = {**self.settings, **self.member_settings.get(i, {})}
+                self.member_config_path(i).write_text(yaml.safe_dump({"members": routed, **own}))
 
     def start(self, member: int | None = None) -> Ensemble:
         self.write_config()

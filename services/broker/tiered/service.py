@@ -25,6 +25,8 @@ from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc as rpc
 from directlog.rpc import tiering_pb2 as tpb
 from directlog.rpc import tiering_pb2_grpc
+from directlog.security import grpc_tls
+from directlog.security.tls import TlsFiles
 from directlog.topics import TopicPartition
 from services.broker.controller_link import ControllerLink
 from services.broker.partition import Partition
@@ -167,11 +169,14 @@ def _uuid(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=raw) if len(raw) == 16 else uuid.UUID(int=0)
 
 
-async def serve(service: TieringService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server for the tiering service; returns it and the port it bound."""
+async def serve(
+    service: TieringService, host: str, port: int, tls: TlsFiles | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server for the tiering service, with mutual TLS when ``tls`` (the
+    broker's tiering_tls) is set; returns it and the port it bound."""
     server = grpc.aio.server()
     tiering_pb2_grpc.add_BrokerTieringServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = grpc_tls.add_port(server, f"{host}:{port}", tls)
     if bound == 0:
         raise OSError(f"cannot bind the tiering service's gRPC port {host}:{port}")
     await server.start()

@@ -29,6 +29,7 @@ from services.consensus.jute.records import (
     PathWatchRequest,
     ReplyHeader,
     RequestHeader,
+    SaslToken,
     SetACLRequest,
     SetDataRequest,
     SetWatches,
@@ -46,6 +47,7 @@ RequestBody = (
     | CheckVersionRequest
     | MultiRequest
     | AuthPacket
+    | SaslToken
     | SetWatches
 )
 
@@ -58,6 +60,7 @@ ResponseBody = (
     | GetChildrenResponse
     | GetChildren2Response
     | MultiResponse
+    | SaslToken
     | WatcherEvent
 )
 
@@ -79,6 +82,7 @@ REQUEST_BODIES: dict[int, Callable[[Reader], RequestBody]] = {
     OpCode.CHECK: CheckVersionRequest.read,
     OpCode.MULTI: MultiRequest.read,
     OpCode.AUTH: AuthPacket.read,
+    OpCode.SASL: SaslToken.read,
     OpCode.SET_WATCHES: SetWatches.read,
 }
 
@@ -94,6 +98,7 @@ RESPONSE_BODIES: dict[int, Callable[[Reader], ResponseBody]] = {
     OpCode.GET_CHILDREN2: GetChildren2Response.read,
     OpCode.SYNC: PathResponse.read,
     OpCode.MULTI: MultiResponse.read,
+    OpCode.SASL: SaslToken.read,
 }
 
 

@@ -200,6 +200,24 @@ class AuthPacket:
 
 
 @record
+class SaslToken:
+    """GetSASLRequest (opcode 102) and SetSASLResponse, its reply: one SASL token each way
+    until the mechanism completes."""
+
+    token: bytes | None
+
+    def write(self, w: Writer) -> None:
+        w.write_buffer(self.token)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(r.read_buffer("SASL.token"))
+
+
+GetSASLRequest = SetSASLResponse = SaslToken
+
+
+@record
 class SetWatches:
     """Sent on reconnect (xid -8) to re-arm the watches a client held."""
 

@@ -1,9 +1,11 @@
-"""ACLs: the world and digest schemes, creation-time fixup, and permission checks.
+"""ACLs: the world, digest, sasl and x509 schemes, creation-time fixup, permission checks.
 
 The digest scheme stores `user:base64(sha1("user:password"))`; a session proves the id by
-`addauth digest user:password`, which `digest_auth_id` turns into the same string. Auth ids
-are per-connection state on the server a client talks to, so they travel with each request
-(in `Session`) and are never part of the replicated tree.
+`addauth digest user:password`, which `digest_auth_id` turns into the same string. A
+session that completed SASL holds `sasl:<user>`, and one whose TLS client certificate the
+secure port verified holds `x509:<subject DN>`. Auth ids are per-connection state on the
+server a client talks to, so they travel with each request (in `Session`) and are never
+part of the replicated tree.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from services.consensus.jute.records import ACL, Id
 from services.consensus.tree.errors import KeeperError
 
 ANYONE = Id("world", "anyone")
+# The schemes whose ids a session proves; ZooKeeper's `auth` ACL expands to these.
+AUTHENTICATED_SCHEMES = frozenset({"digest", "sasl", "x509"})
 OPEN_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.ALL), ANYONE),)
 READ_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.READ), ANYONE),)
 
@@ -39,7 +43,7 @@ def _valid_id(ident: Id) -> bool:
         return ident.id == "anyone"
     if ident.scheme == "digest":
         return len(ident.id.split(":")) == 2
-    return False
+    return ident.scheme in AUTHENTICATED_SCHEMES and bool(ident.id)
 
 
 def fixup_acl(acl: tuple[ACL, ...], auth: frozenset[Id]) -> tuple[ACL, ...]:
@@ -54,7 +58,7 @@ def fixup_acl(acl: tuple[ACL, ...], auth: frozenset[Id]) -> tuple[ACL, ...]:
         if entry.perms & ~int(Perm.ALL) or entry.perms < 0:
             raise KeeperError(ErrorCode.INVALIDACL)
         if entry.id.scheme == "auth":
-            granted = sorted(i for i in auth if i.scheme == "digest")
+            granted = sorted(i for i in auth if i.scheme in AUTHENTICATED_SCHEMES)
             if not granted:
                 raise KeeperError(ErrorCode.INVALIDACL)
             expanded = [ACL(entry.perms, i) for i in granted]
