@@ -47,8 +47,9 @@ test: $(STAMP) proto
 
 # The local cluster in the foreground: three consensus members (127.0.0.1:2181-2183), two
 # controllers (127.0.0.1:9190-9191) and $(BROKERS) brokers (127.0.0.1:9092 up), data under $(DATA).
+# SECURE=1: every connection authenticated and encrypted (docs/security.md).
 run: $(STAMP) proto
-	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS)
+	$(PY) -m services.local_cluster --data-dir $(DATA) --brokers $(BROKERS) $(if $(SECURE),--secure)
 
 # Prometheus (Debian's package) in the foreground, with the alert rules of
 # deploy/helm/directlog/rules, scraping every process of the `make run` cluster that keeps

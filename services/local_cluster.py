@@ -26,10 +26,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from services.consensus.fourletter import mode_of
+from services.local_security import LocalSecurity
 from services.monitor import (
     JOB_BROKER,
     JOB_CONSENSUS,
@@ -57,10 +59,12 @@ TIERING_PORT = 9393  # each broker's gRPC port for its tiering service, and up
 TIERING_METRICS_PORT = 9408
 
 
-def consensus_config(data_dir: Path) -> Path:
+def consensus_config(data_dir: Path, security: LocalSecurity | None = None) -> Path:
+    """The ensemble file; secured, the members serve clients on TLS ports only."""
+    client = "client" if security is None else "secure_client"
     members = {
         i: {
-            "client": f"127.0.0.1:{2180 + i}",
+            client: f"127.0.0.1:{2180 + i}",
             "peer": f"127.0.0.1:{2880 + i}",
             "metrics": f"127.0.0.1:{7180 + i}",
         }
@@ -68,7 +72,11 @@ def consensus_config(data_dir: Path) -> Path:
     }
     path = data_dir / "consensus.yaml"
     data_dir.mkdir(parents=True, exist_ok=True)
-    config = {"members": members, "data_dir": str((data_dir / "consensus").resolve())}
+    config: dict[str, Any] = {
+        "members": members,
+        "data_dir": str((data_dir / "consensus").resolve()),
+        **(security.consensus() if security is not None else {}),
+    }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
 
@@ -77,10 +85,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="local_cluster", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--brokers", type=int, default=3)
+    parser.add_argument(
+        "--secure", action="store_true", help="every connection authenticated and encrypted"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.brokers <= MAX_BROKERS:
         sys.exit(f"--brokers {args.brokers}: between 1 and {MAX_BROKERS}")
-    config = consensus_config(args.data_dir)
+    security = LocalSecurity.prepare(args.data_dir) if args.secure else None
+    config = consensus_config(args.data_dir, security)
     python = sys.executable
     # Kafka's offsets topic wants three replicas; a smaller cluster gets what it has. The
     # RDMA datapaths are on (for topics with preallocate=true; the provider is auto: shm
@@ -94,12 +106,17 @@ def main(argv: list[str] | None = None) -> None:
     env = {
         **os.environ,
         "DIRECTLOG_OFFSETS_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3)),
-        "DIRECTLOG_RDMA_PRODUCE": "true",
-        "DIRECTLOG_RDMA_CONSUME": "true",
-        "DIRECTLOG_RDMA_REPLICATION": "true",
         "DIRECTLOG_REMOTE_LOG_STORAGE_SYSTEM_ENABLE": "true",
         "DIRECTLOG_TIERING_REMOTE": remote,
     }
+    if security is None:  # RDMA grants are not revoked with ACLs yet: off when secured
+        env.update(
+            DIRECTLOG_RDMA_PRODUCE="true",
+            DIRECTLOG_RDMA_CONSUME="true",
+            DIRECTLOG_RDMA_REPLICATION="true",
+        )
+    controller_env = env if security is None else {**env, **security.controller_env()}
+    tiering_env = env if security is None else {**env, **security.tiering_env()}
     members = [
         ProcessSpec(
             f"consensus {i}",
@@ -145,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                     "--host", "127.0.0.1", "--port", str(CONTROLLER_PORT + i),
                     "--metrics-port", str(CONTROLLER_METRICS_PORT + i), "--consensus", ensemble,
                 ),
-                env,
+                controller_env,
                 CONTROLLER_TIER,
             )
             for i in range(CONTROLLERS)
@@ -160,7 +177,11 @@ def main(argv: list[str] | None = None) -> None:
                     "--controllers", ",".join(controllers),
                     "--data-dir", str(args.data_dir / f"broker-{i}"),
                 ),
-                {**env, "DIRECTLOG_TIERING_PORT": str(TIERING_PORT + i)},
+                {
+                    **env,
+                    "DIRECTLOG_TIERING_PORT": str(TIERING_PORT + i),
+                    **(security.broker_env(BROKER_PORT + i) if security is not None else {}),
+                },
                 BROKER_TIER,
             )
             for i in range(args.brokers)
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
                     "--broker", f"127.0.0.1:{TIERING_PORT + i}",
                     "--metrics-port", str(TIERING_METRICS_PORT + i),
                 ),
-                env,
+                tiering_env,
                 TIERING_TIER,
             )
             for i in range(args.brokers)
@@ -188,28 +209,34 @@ def main(argv: list[str] | None = None) -> None:
     deadline = time.monotonic() + ENSEMBLE_WAIT
     while not supervisor.stop_requested and time.monotonic() < deadline:
         supervisor.poll_once()
-        if all(mode_of(2180 + i, timeout=1.0) for i in range(1, CONSENSUS_MEMBERS + 1)):
+        probe = security.member_probe() if security is not None else None
+        if all(mode_of(2180 + i, timeout=1.0, tls=probe) for i in range(1, CONSENSUS_MEMBERS + 1)):
             break
         time.sleep(0.1)
     if not supervisor.stop_requested:
         supervisor.start(others)
-    print(
-        "Directlog local cluster\n"
-        f"  consensus (ZooKeeper protocol)  {ensemble}\n"
-        f"  controllers (gRPC)              {','.join(controllers)}\n"
-        f"  Kafka bootstrap servers         {','.join(brokers)}\n"
-        "  RDMA datapaths                  produce, consume, push replication "
-        "(topics with preallocate=true)\n"
-        f"  tiered storage                  {remote} (topics with remote.storage.enable=true)\n"
-        "  metrics                         "
-        + ", ".join(
-            f"http://{address}/metrics" for targets in metrics.values() for address in targets
+    lines = [
+        "Directlog local cluster",
+        f"  consensus (ZooKeeper protocol)  {ensemble}",
+        f"  controllers (gRPC)              {','.join(controllers)}",
+        f"  Kafka bootstrap servers         {','.join(brokers)}",
+    ]
+    if security is None:
+        lines.append(
+            "  RDMA datapaths                  produce, consume, push replication "
+            "(topics with preallocate=true)"
         )
-        + "\n"
-        f"  data                            {args.data_dir.resolve()}\n"
-        "  stop with Ctrl-C",
-        flush=True,
-    )
+    lines += [
+        f"  tiered storage                  {remote} (topics with remote.storage.enable=true)",
+        "  metrics                         "
+        + ", ".join(f"http://{a}/metrics" for targets in metrics.values() for a in targets),
+        f"  data                            {args.data_dir.resolve()}",
+    ]
+    if security is not None:
+        lines.append("  secured (SASL_SSL, SCRAM-SHA-512, ACLs): a Kafka client connects with")
+        lines.append(security.client_settings(",".join(brokers)).rstrip("\n"))
+    lines.append("  stop with Ctrl-C")
+    print("\n".join(lines), flush=True)
     supervisor.run()
 
 

@@ -37,22 +37,32 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         AlterConfigsResponse,
         AlterPartitionReassignmentsRequest,
         AlterPartitionReassignmentsResponse,
+        AlterUserScramCredentialsRequest,
+        AlterUserScramCredentialsResponse,
+        CreateAclsRequest,
+        CreateAclsResponse,
         CreatePartitionsRequest,
         CreatePartitionsResponse,
         CreateTopicsRequest,
         CreateTopicsResponse,
+        DeleteAclsRequest,
+        DeleteAclsResponse,
         DeleteGroupsRequest,
         DeleteGroupsResponse,
         DeleteRecordsRequest,
         DeleteRecordsResponse,
         DeleteTopicsRequest,
         DeleteTopicsResponse,
+        DescribeAclsRequest,
+        DescribeAclsResponse,
         DescribeClusterRequest,
         DescribeClusterResponse,
         DescribeConfigsRequest,
         DescribeConfigsResponse,
         DescribeGroupsRequest,
         DescribeGroupsResponse,
+        DescribeUserScramCredentialsRequest,
+        DescribeUserScramCredentialsResponse,
         ElectLeadersRequest,
         ElectLeadersResponse,
         IncrementalAlterConfigsRequest,
@@ -98,6 +108,12 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         ProduceRequest,
         ProduceResponse,
     )
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
 
 
 class ApiKey(IntEnum):
@@ -114,12 +130,17 @@ class ApiKey(IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
+    SASL_AUTHENTICATE = 36
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
@@ -129,6 +150,8 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
     RDMA_CONSUME = RDMA_CONSUME_KEY  # Directlog's own (docs/formats.md "RDMA consume")
@@ -177,7 +200,9 @@ APIS: dict[int, Api] = {
         Api(ApiKey.SYNC_GROUP, SyncGroupRequest, SyncGroupResponse, 0, 5),
         Api(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
         Api(ApiKey.LIST_GROUPS, ListGroupsRequest, ListGroupsResponse, 0, 4),
+        Api(ApiKey.SASL_HANDSHAKE, SaslHandshakeRequest, SaslHandshakeResponse, 0, 1),
         Api(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
+        Api(ApiKey.SASL_AUTHENTICATE, SaslAuthenticateRequest, SaslAuthenticateResponse, 0, 2),
         Api(
             ApiKey.OFFSET_FOR_LEADER_EPOCH,
             OffsetForLeaderEpochRequest,
@@ -189,6 +214,9 @@ APIS: dict[int, Api] = {
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
         Api(ApiKey.DELETE_RECORDS, DeleteRecordsRequest, DeleteRecordsResponse, 0, 2),
         Api(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
+        Api(ApiKey.DESCRIBE_ACLS, DescribeAclsRequest, DescribeAclsResponse, 0, 3),
+        Api(ApiKey.CREATE_ACLS, CreateAclsRequest, CreateAclsResponse, 0, 3),
+        Api(ApiKey.DELETE_ACLS, DeleteAclsRequest, DeleteAclsResponse, 0, 3),
         Api(ApiKey.DESCRIBE_CONFIGS, DescribeConfigsRequest, DescribeConfigsResponse, 0, 4),
         Api(ApiKey.ALTER_CONFIGS, AlterConfigsRequest, AlterConfigsResponse, 0, 2),
         Api(ApiKey.CREATE_PARTITIONS, CreatePartitionsRequest, CreatePartitionsResponse, 0, 3),
@@ -216,6 +244,20 @@ APIS: dict[int, Api] = {
             1,
         ),
         Api(ApiKey.OFFSET_DELETE, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
+        Api(
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+            DescribeUserScramCredentialsRequest,
+            DescribeUserScramCredentialsResponse,
+            0,
+            0,
+        ),
+        Api(
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+            AlterUserScramCredentialsRequest,
+            AlterUserScramCredentialsResponse,
+            0,
+            0,
+        ),
         Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
         Api(ApiKey.RDMA_ACCESS, RdmaAccessRequest, RdmaAccessResponse, 0, 0, decode_request),
         Api(

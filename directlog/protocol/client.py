@@ -4,6 +4,8 @@ fetch from partition leaders (replication).
 `exchange` sends a ready-made request frame and returns the response frame, received with
 recv_into straight into one buffer of its size (no stream-buffer copies: fetch responses
 carry megabytes of records); `request` does the same for kafka-python message objects.
+With `ClientSecurity` the connection is TLS and/or SASL-authenticated first, as a Kafka
+client on an SSL, SASL_PLAINTEXT or SASL_SSL listener.
 """
 
 from __future__ import annotations
@@ -11,22 +13,61 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
+from directlog.security.channel import Channel, TlsChannel
+from directlog.security.sasl import SaslClient
 from directlog.waits import within
+
+with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
 
 _SIZE = 4
 MAX_RESPONSE_BYTES = 1 << 30
 
 
+class AuthenticationFailedError(ConnectionError):
+    """The broker refused the SASL login (the broker's message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaslLogin:
+    mechanism: str  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    username: str
+    password: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """How to reach a listener: TLS with this context (SSL, SASL_SSL), SASL with this
+    login (SASL_PLAINTEXT, SASL_SSL)."""
+
+    tls: ssl.SSLContext | None = None
+    sasl: SaslLogin | None = None
+    client_id: str = "directlog"
+
+
 class KafkaConnection:
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
         self._correlation = itertools.count(1)
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout: float) -> KafkaConnection:
+    async def connect(
+        cls, host: str, port: int, timeout: float, security: ClientSecurity | None = None
+    ) -> KafkaConnection:
+        """Connected, with the TLS handshake and SASL login `security` asks for done, all
+        within `timeout`; AuthenticationFailedError when the login is refused."""
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -34,30 +75,66 @@ class KafkaConnection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await within(loop.sock_connect(sock, (host, port)), timeout)
+            if security is None:
+                return cls(Channel(sock))
+            return await within(cls._secure(sock, host, security), timeout)
         except BaseException:
             sock.close()
             raise
-        return cls(sock)
+
+    @classmethod
+    async def _secure(
+        cls, sock: socket.socket, host: str, security: ClientSecurity
+    ) -> KafkaConnection:
+        channel: Channel = Channel(sock)
+        if security.tls is not None:
+            channel = TlsChannel(sock, security.tls, server_side=False, server_hostname=host)
+            await channel.handshake()
+        connection = cls(channel)
+        if security.sasl is not None:
+            await connection._login(security.sasl, security.client_id)
+        return connection
+
+    async def _login(self, login: SaslLogin, client_id: str) -> None:
+        """SaslHandshake v1, then SaslAuthenticate v2 until the mechanism is done."""
+        handshake = await self.request(
+            SaslHandshakeRequest[1](mechanism=login.mechanism), SaslHandshakeResponse, client_id
+        )
+        if handshake.error_code:
+            raise AuthenticationFailedError(
+                f"SASL mechanism {login.mechanism} refused (error {handshake.error_code}); "
+                f"the broker offers {handshake.mechanisms}"
+            )
+        client = SaslClient(login.mechanism, login.username, login.password)
+        token: bytes | None = client.first()
+        while token is not None:
+            answer = await self.request(
+                SaslAuthenticateRequest[2](auth_bytes=token), SaslAuthenticateResponse, client_id
+            )
+            if answer.error_code:
+                raise AuthenticationFailedError(
+                    f"SASL {login.mechanism} login of {login.username} failed "
+                    f"(error {answer.error_code}): {answer.error_message}"
+                )
+            token = client.respond(answer.auth_bytes or b"")
 
     def next_correlation_id(self) -> int:
         return next(self._correlation)
 
     async def exchange(self, frame: bytes) -> memoryview:
         """Send one size-prefixed request; the response frame (size prefix stripped)."""
-        loop = asyncio.get_running_loop()
         async with self._lock:
-            await loop.sock_sendall(self._sock, frame)
+            await self._channel.sendall(frame)
             size = int.from_bytes(await self._receive(_SIZE), "big")
             if not 0 <= size <= MAX_RESPONSE_BYTES:
                 raise ConnectionError(f"response of {size} bytes")
             return await self._receive(size)
 
     async def _receive(self, size: int) -> memoryview:
-        loop = asyncio.get_running_loop()
         buffer = memoryview(bytearray(size))
         filled = 0
         while filled < size:
-            received = await loop.sock_recv_into(self._sock, buffer[filled:])
+            received = await self._channel.recv_into(buffer[filled:])
             if not received:
                 raise ConnectionError("connection closed mid-response")
             filled += received
@@ -76,4 +153,4 @@ class KafkaConnection:
         return response
 
     async def close(self) -> None:
-        self._sock.close()
+        self._channel.close()

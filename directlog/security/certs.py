@@ -100,8 +100,8 @@ class CertificateAuthority:
         client's principal (User:CN=...)."""
         key = ec.generate_private_key(ec.SECP256R1())
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-        if organization:
-            attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+        if organization:  # most general first, so RFC 4514 prints CN=...,O=...
+            attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
         now = datetime.datetime.now(datetime.UTC)
         builder = (
             x509.CertificateBuilder()

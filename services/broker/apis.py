@@ -35,9 +35,21 @@ from directlog.records.batch import (
 from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
+from directlog.security.acl import Operation
 from directlog.topic_config import BROKER_DEFAULT_NAMES, flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
+from services.broker.acl_admin import AclAdmin
+from services.broker.authorization import (
+    CLUSTER,
+    GROUP,
+    TOPIC,
+    TRANSACTIONAL_ID,
+    Access,
+    authorized_operations,
+    cluster_operations,
+    denied,
+)
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
 from services.broker.down_conversion import DownConversion, holds_zstd, legacy_magic, overflow
@@ -59,8 +71,9 @@ from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
+from services.broker.scram_admin import ScramAdmin
 from services.broker.settings import BrokerSettings
-from services.broker.storage import AppendResult, FileSlice, OffsetOutOfRangeError, PartitionLog
+from services.broker.storage import AppendResult, FileSlice, PartitionLog
 from services.broker.storage.errors import OffsetMovedToTieredStorageError
 from services.broker.tiered.remote_reads import RemoteReader
 
@@ -140,8 +153,12 @@ class KafkaApis:
         metrics: BrokerMetrics,
         groups: GroupApis,
         producer_ids: ProducerIdAllocator,
+        access: Access | None = None,
     ) -> None:
+        """``access``: ACL authorization (services/broker/authorization.py); None with the
+        authorizer off, when no request is checked."""
         self.settings = settings
+        self.access = access
         self.image = image
         self.replicas = replicas
         self.link = link
@@ -174,7 +191,9 @@ class KafkaApis:
             ApiKey.RDMA_CONSUME: self.rdma_consume,
             ApiKey.RDMA_REPLICA: self.rdma_replica,
             **groups.handlers(),
-            **PartitionAdmin(image, self._controller_topics, metrics).handlers(),
+            **PartitionAdmin(image, self._controller_topics, metrics, access).handlers(),
+            **ScramAdmin(image, self._controller_topics, access).handlers(),
+            **AclAdmin(image, self._controller_topics, access, metrics).handlers(),
         }
 
     async def handle(self, api: Api, header: RequestHeader, request: Any) -> Response:
@@ -225,15 +244,21 @@ class KafkaApis:
         answers: list[list[tuple[str, list[PartitionResult]]]] = []
         replicating: list[list[_Replicating]] = []
         appends: dict[Partition, list[_Append]] = {}
+        access = self.access
         for header, request in requests:
             acks = request.acks
             results = []
             waits: list[_Replicating] = []
             for topic in request.topic_data:
                 partitions = []
+                refused = access is not None and not access.allowed(
+                    Operation.WRITE, TOPIC, topic.name
+                )
                 for data in topic.partition_data:
                     result = PartitionResult(data.index, ErrorCode.NONE)
                     try:
+                        if refused:
+                            raise denied(Operation.WRITE, TOPIC, topic.name)
                         partition, records = self._producible(header, acks, topic.name, data)
                         pending = _Append(
                             result, records, topic.name, waits if acks == -1 else None
@@ -333,6 +358,8 @@ class KafkaApis:
             )
         else:
             try:
+                if self.access is not None:
+                    self.access.check(Operation.WRITE, TOPIC, request.topic)
                 answer = await self.rdma.grant(request)
             except Exception as error:
                 code, message = self._item_error(
@@ -351,6 +378,8 @@ class KafkaApis:
             )
         else:
             try:
+                if self.access is not None:
+                    self.access.check(Operation.READ, TOPIC, request.topic)
                 answer = self.rdma_reads.handle(request)
             except Exception as error:
                 code, message = self._item_error(
@@ -370,6 +399,13 @@ class KafkaApis:
                 "RDMA replication is off on this broker (rdma_replication)",
             )
             return [answer.encode()]
+        if self.access is not None and not self.access.allowed_on_cluster(Operation.CLUSTER_ACTION):
+            code, message = self._item_error(
+                denied(Operation.CLUSTER_ACTION, CLUSTER, ""),
+                "rdma_replica",
+                f"{request.topic}-{request.partition}",
+            )
+            return [RdmaReplicaResponse(code, message).encode()]
         return await self.rdma_replication.handle(request, header)
 
     async def _wait_replicated(self, waiting: list[_Replicating], timeout: float) -> None:
@@ -448,6 +484,14 @@ class KafkaApis:
         remote: list[_RemoteFetch] = []
         total = throttled = 0
         failed = False
+        access = self.access
+        # A follower needs CLUSTER_ACTION on the cluster, a consumer READ on each topic;
+        # either way a refused partition answers TOPIC_AUTHORIZATION_FAILED, as in Kafka.
+        follower_refused = (
+            replica >= 0
+            and access is not None
+            and not access.allowed_on_cluster(Operation.CLUSTER_ACTION)
+        )
         for fetch_topic in request.topics:
             if version >= 13:
                 known = self.image.topic_by_id(fetch_topic.topic_id)
@@ -457,11 +501,24 @@ class KafkaApis:
                 name = fetch_topic.topic
                 known = self.image.topic(name)
                 topic_id = known.topic_id if known else uuid.UUID(int=0)
+            refused = follower_refused or (
+                replica < 0
+                and access is not None
+                and (known is not None or version < 13)  # an unknown id answers so first
+                and not access.allowed(Operation.READ, TOPIC, name)
+            )
             partitions = []
             for wanted in fetch_topic.partitions:
                 data = PartitionData(wanted.partition, ErrorCode.NONE)
                 budget = 0
                 try:
+                    if refused:
+                        raise KafkaError(
+                            ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                            "not authorized to CLUSTER_ACTION the cluster (a follower's fetch)"
+                            if follower_refused
+                            else f"not authorized to READ topic {name!r}",
+                        )
                     if known is None:
                         code = (
                             ErrorCode.UNKNOWN_TOPIC_ID
@@ -546,9 +603,9 @@ class KafkaApis:
                     data.error_code, _ = self._item_error(
                         error, "fetch", f"{name}-{wanted.partition}"
                     )
-                    # Old consumers read a null message set as a malformed answer.
-                    empty = version < 4 or isinstance(error, OffsetOutOfRangeError)
-                    data.records = b"" if empty else None
+                    # Empty, never null, as Kafka answers: librdkafka and old consumers
+                    # take a null message set for a malformed answer.
+                    data.records = b""
                     failed = True
                 partitions.append(data)
             topics.append(TopicData(name, topic_id, partitions))
@@ -622,11 +679,17 @@ class KafkaApis:
     async def list_offsets(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.LIST_OFFSETS].response
         topics = []
+        access = self.access
         for topic in request.topics:
             partitions = []
+            refused = access is not None and not access.allowed(
+                Operation.DESCRIBE, TOPIC, topic.name
+            )
             for wanted in topic.partitions:
                 code, offset, timestamp, epoch = ErrorCode.NONE, -1, -1, -1
                 try:
+                    if refused:
+                        raise denied(Operation.DESCRIBE, TOPIC, topic.name)
                     partition = self.replicas.leader_partition(
                         topic.name,
                         wanted.partition_index,
@@ -663,10 +726,18 @@ class KafkaApis:
         topic_type = response.DeleteRecordsTopicResult
         partition_type = topic_type.DeleteRecordsPartitionResult
         timeout = max(request.timeout_ms, 0) / 1000
+        access = self.access
+        refused = (
+            set()
+            if access is None
+            else access.refused(Operation.DELETE, TOPIC, (t.name for t in request.topics))
+        )
 
         async def delete(topic: str, wanted: Any) -> Any:
             low, code = -1, ErrorCode.NONE
             try:
+                if topic in refused:
+                    raise denied(Operation.DELETE, TOPIC, topic)
                 if topic == OFFSETS_TOPIC:
                     raise KafkaError(
                         ErrorCode.INVALID_TOPIC_EXCEPTION, f"{topic} is internal: not deleted"
@@ -727,7 +798,10 @@ class KafkaApis:
     async def metadata(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.METADATA].response
         version = header.api_version
-        if request.topics is None or (version == 0 and not request.topics):
+        access = self.access
+        every_topic = request.topics is None or (version == 0 and not request.topics)
+        by_id: dict[str, uuid.UUID] = {}  # the topics asked for by id
+        if every_topic:
             wanted_topics: list[str | uuid.UUID] = sorted(self.image.topics)
         else:
             wanted_topics = []
@@ -735,28 +809,68 @@ class KafkaApis:
                 if wanted.name is None and version >= 10:
                     known = self.image.topic_by_id(wanted.topic_id)
                     wanted_topics.append(known.name if known else wanted.topic_id)
+                    if known is not None:
+                        by_id[known.name] = wanted.topic_id
                 else:
                     wanted_topics.append(wanted.name)
+        # Topics without DESCRIBE: left out of a listing of every topic, refused when
+        # named, whether they exist or not (Kafka does not tell).
+        hidden: set[str] = set()
+        if access is not None:
+            names = [n for n in wanted_topics if isinstance(n, str)]
+            hidden = access.refused(Operation.DESCRIBE, TOPIC, names)
+            if every_topic:
+                wanted_topics = [n for n in names if n not in hidden]
+                hidden = set()
         allow_create = self.settings.auto_create_topics and (
             version < 4 or request.allow_auto_topic_creation
         )
-        missing = [n for n in wanted_topics if isinstance(n, str) and self.image.topic(n) is None]
+        missing = [
+            n
+            for n in wanted_topics
+            if isinstance(n, str) and n not in hidden and self.image.topic(n) is None
+        ]
+        not_created: set[str] = set()  # auto-creation needs CREATE, on the cluster or topic
+        if (
+            allow_create
+            and missing
+            and access is not None
+            and not access.allowed_on_cluster(Operation.CREATE)
+        ):
+            not_created = access.refused(Operation.CREATE, TOPIC, missing)
+            missing = [n for n in missing if n not in not_created]
         created: dict[str, ErrorCode] = {}
         if allow_create and missing:
             created = await self._auto_create(missing)
-        topics = [
-            self._topic_metadata(response, name, created)
-            if isinstance(name, str)
-            else response.MetadataResponseTopic(  # an id no topic has (any more)
-                error_code=ErrorCode.UNKNOWN_TOPIC_ID,
-                name=None,
-                topic_id=name,
-                is_internal=False,
-                partitions=[],
-                authorized_operations=None,
-            )
-            for name in wanted_topics
-        ]
+        with_operations = version >= 8 and request.include_topic_authorized_operations
+        topics = []
+        for name in wanted_topics:
+            if not isinstance(name, str):
+                topics.append(
+                    response.MetadataResponseTopic(  # an id no topic has (any more)
+                        error_code=ErrorCode.UNKNOWN_TOPIC_ID,
+                        name=None,
+                        topic_id=name,
+                        is_internal=False,
+                        partitions=[],
+                        authorized_operations=None,
+                    )
+                )
+            elif name in hidden or name in not_created:
+                self.metrics.request_error("metadata", ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                topics.append(
+                    response.MetadataResponseTopic(
+                        error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                        name=None if name in by_id else name,  # an id is no secret, a name is
+                        topic_id=by_id.get(name, uuid.UUID(int=0)),
+                        is_internal=name == OFFSETS_TOPIC and name in not_created,
+                        partitions=[],
+                        authorized_operations=None,
+                    )
+                )
+            else:
+                operations = authorized_operations(access, TOPIC, name) if with_operations else None
+                topics.append(self._topic_metadata(response, name, created, operations))
         live = self._live_addresses()
         return response(
             throttle_time_ms=0,
@@ -767,7 +881,9 @@ class KafkaApis:
             cluster_id=self.image.cluster_id,
             controller_id=self._controller_id(live),
             topics=topics,
-            authorized_operations=None,
+            authorized_operations=cluster_operations(access)
+            if 8 <= version <= 10 and request.include_cluster_authorized_operations
+            else None,
             error_code=0,
         )
 
@@ -798,7 +914,13 @@ class KafkaApis:
                 outcome[result.name] = code
         return outcome
 
-    def _topic_metadata(self, response: Any, name: str, created: dict[str, ErrorCode]) -> Any:
+    def _topic_metadata(
+        self,
+        response: Any,
+        name: str,
+        created: dict[str, ErrorCode],
+        operations: frozenset[Operation] | None,
+    ) -> Any:
         topic = self.image.topic(name)
         code = ErrorCode.NONE
         if topic is None:
@@ -829,7 +951,7 @@ class KafkaApis:
             topic_id=topic.topic_id if topic else uuid.UUID(int=0),
             is_internal=name == OFFSETS_TOPIC,
             partitions=partitions,
-            authorized_operations=None,
+            authorized_operations=operations,  # None: not asked for (KIP-430)
         )
 
     async def find_coordinator(self, request: Any, header: RequestHeader) -> Response:
@@ -871,6 +993,12 @@ class KafkaApis:
         self, key: str, key_type: int
     ) -> tuple[ErrorCode, str | None, tuple[int, str, int] | None]:
         """The group coordinator's node id, host and port on the request's listener."""
+        access = self.access
+        if access is not None and key_type in (GROUP_KEY, TRANSACTION_KEY):
+            resource = GROUP if key_type == GROUP_KEY else TRANSACTIONAL_ID
+            if not access.allowed(Operation.DESCRIBE, resource, key):
+                refusal = denied(Operation.DESCRIBE, resource, key)
+                return refusal.code, str(refusal), None
         if key_type == TRANSACTION_KEY:
             return ErrorCode.INVALID_REQUEST, "Directlog does not serve transactions", None
         if key_type != GROUP_KEY:
@@ -957,9 +1085,14 @@ class KafkaApis:
         (KIP-360): its sequences start again at 0 under the new id."""
         response = APIS[ApiKey.INIT_PRODUCER_ID].response
         code, producer_id = ErrorCode.NONE, -1
-        if request.transactional_id is not None:
+        transactional_id = request.transactional_id
+        refusal = self._producer_id_refusal(transactional_id)
+        if refusal is not None:
+            code = refusal.code
+            log.info("init_producer_id: %s", refusal)
+        elif transactional_id is not None:
             code = ErrorCode.INVALID_REQUEST
-            log.info("init_producer_id: refused transactional id %r", request.transactional_id)
+            log.info("init_producer_id: refused transactional id %r", transactional_id)
         else:
             try:
                 producer_id = await self.producer_ids.next_id()
@@ -975,9 +1108,33 @@ class KafkaApis:
             producer_epoch=0 if producer_id >= 0 else -1,
         )
 
+    def _producer_id_refusal(self, transactional_id: str | None) -> KafkaError | None:
+        """Kafka's rule for a new producer id: a transactional producer needs WRITE on its
+        transactional id, an idempotent one IDEMPOTENT_WRITE on the cluster or WRITE on
+        some topic (KIP-679)."""
+        access = self.access
+        if access is None:
+            return None
+        if transactional_id is not None:
+            if access.allowed(Operation.WRITE, TRANSACTIONAL_ID, transactional_id):
+                return None
+            return denied(Operation.WRITE, TRANSACTIONAL_ID, transactional_id)
+        if access.allowed_on_cluster(Operation.IDEMPOTENT_WRITE) or access.allowed_on_some(
+            Operation.WRITE, TOPIC
+        ):
+            return None
+        return denied(Operation.IDEMPOTENT_WRITE, CLUSTER, "")
+
     async def describe_cluster(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.DESCRIBE_CLUSTER].response
         live = self._live_addresses()
+        # No permission is needed to describe the cluster; KIP-430's field tells what may be
+        # done with it (nothing to one who may not DESCRIBE it).
+        operations = (
+            cluster_operations(self.access)
+            if request.include_cluster_authorized_operations
+            else None
+        )
         return response(
             throttle_time_ms=0,
             error_code=0,
@@ -989,7 +1146,7 @@ class KafkaApis:
                 response.DescribeClusterBroker(broker_id=b_id, host=host, port=port, rack=rack)
                 for b_id, host, port, rack in live
             ],
-            authorized_operations=None,
+            authorized_operations=operations,
         )
 
     # OffsetForLeaderEpoch --------------------------------------------------------------
@@ -1000,11 +1157,22 @@ class KafkaApis:
         response = APIS[ApiKey.OFFSET_FOR_LEADER_EPOCH].response
         answer = response.OffsetForLeaderTopicResult.EpochEndOffset
         topics = []
+        # A follower's request needs CLUSTER_ACTION on the cluster; without it, a consumer's
+        # (KIP-320) needs DESCRIBE on each topic.
+        access = self.access
+        any_topic = access is None or access.allowed_on_cluster(Operation.CLUSTER_ACTION)
         for topic in request.topics:
             partitions = []
+            refused = (
+                access is not None
+                and not any_topic
+                and not access.allowed(Operation.DESCRIBE, TOPIC, topic.topic)
+            )
             for wanted in topic.partitions:
                 code, epoch, end = ErrorCode.NONE, -1, -1
                 try:
+                    if refused:
+                        raise denied(Operation.DESCRIBE, TOPIC, topic.topic)
                     partition = self.replicas.leader_partition(
                         topic.topic,
                         wanted.partition,
@@ -1076,7 +1244,22 @@ class KafkaApis:
         results = []
         answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
         wanted_topics = []
+        # CREATE on the cluster, or else on each topic; without DESCRIBE_CONFIGS on a topic
+        # its config error code says so (Kafka's rules).
+        access = self.access
+        names = [t.name for t in request.topics]
+        not_created: set[str] = set()
+        hidden_configs: set[str] = set()
+        if access is not None:
+            if not access.allowed_on_cluster(Operation.CREATE):
+                not_created = access.refused(Operation.CREATE, TOPIC, names)
+            hidden_configs = access.refused(Operation.DESCRIBE_CONFIGS, TOPIC, names)
         for wanted in request.topics:
+            if wanted.name in not_created:
+                refusal = denied(Operation.CREATE, TOPIC, wanted.name)
+                self._item_error(refusal, "create_topics", wanted.name)
+                answers[wanted.name] = (refusal.code, str(refusal), None)
+                continue
             if wanted.assignments:
                 code = ErrorCode.INVALID_REQUEST
                 self._item_error(
@@ -1118,7 +1301,10 @@ class KafkaApis:
                     else uuid.UUID(int=0),
                     error_code=code,
                     error_message=message,
-                    topic_config_error_code=0,
+                    topic_config_error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    if wanted.name in hidden_configs
+                    and (ok or code is ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                    else ErrorCode.NONE,
                     num_partitions=result.partitions if ok else -1,
                     replication_factor=result.replication_factor if ok else -1,
                     configs=[],
@@ -1147,18 +1333,39 @@ class KafkaApis:
             wanted = [(t.name, t.topic_id) for t in request.topics]
         else:
             wanted = [(name, None) for name in request.topic_names]
-        refs = [
-            pb.TopicRef(name=name or "", topic_id=topic_id.bytes if name is None else b"")
-            for name, topic_id in wanted
-        ]
-        reply = await self._admin(
-            lambda s: s.DeleteTopics,
-            pb.DeleteTopicsRequest(topics=refs),
-            self._deleted,
-            [name or str(topic_id) for name, topic_id in wanted],
-        )
+        refusals = self._delete_refusals(wanted)
+        sent = [index for index in range(len(wanted)) if index not in refusals]
+        replies: dict[int, pb.TopicResult] = {}
+        if sent:
+            reply = await self._admin(
+                lambda s: s.DeleteTopics,
+                pb.DeleteTopicsRequest(
+                    topics=[
+                        pb.TopicRef(
+                            name=name or "", topic_id=topic_id.bytes if name is None else b""
+                        )
+                        for name, topic_id in (wanted[index] for index in sent)
+                    ]
+                ),
+                self._deleted,
+                [name or str(topic_id) for name, topic_id in (wanted[index] for index in sent)],
+            )
+            replies = dict(zip(sent, reply.results, strict=True))
         results = []
-        for (name, topic_id), result in zip(wanted, reply.results, strict=True):
+        for index, (name, topic_id) in enumerate(wanted):
+            if index in refusals:
+                shown, refusal = refusals[index]
+                self._item_error(refusal, "delete_topics", shown or str(topic_id))
+                results.append(
+                    response.DeletableTopicResult(
+                        name=shown,
+                        topic_id=topic_id or uuid.UUID(int=0),
+                        error_code=refusal.code,
+                        error_message=str(refusal),
+                    )
+                )
+                continue
+            result = replies[index]
             code = ErrorCode(result.error_code)
             if code is not ErrorCode.NONE:
                 self._item_error(
@@ -1176,6 +1383,36 @@ class KafkaApis:
             )
         return response(throttle_time_ms=0, responses=results)
 
+    def _delete_refusals(
+        self, wanted: list[tuple[str | None, uuid.UUID | None]]
+    ) -> dict[int, tuple[str | None, KafkaError]]:
+        """The topics of a DeleteTopics the requester may not delete, by position: the name
+        to answer with and the refusal. A topic named by id whose name the requester may not
+        DESCRIBE is answered without its name, as Kafka does; an id unknown here is left to
+        the controller (UNKNOWN_TOPIC_ID)."""
+        access = self.access
+        refusals: dict[int, tuple[str | None, KafkaError]] = {}
+        if access is None:
+            return refusals
+        for index, (name, topic_id) in enumerate(wanted):
+            if name is None:
+                known = self.image.topic_by_id(topic_id) if topic_id is not None else None
+                if known is None:
+                    continue
+                if not access.allowed(Operation.DESCRIBE, TOPIC, known.name):
+                    refusals[index] = (
+                        None,
+                        KafkaError(
+                            ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                            f"not authorized to DESCRIBE topic id {topic_id}",
+                        ),
+                    )
+                    continue
+                name = known.name
+            if not access.allowed(Operation.DELETE, TOPIC, name):
+                refusals[index] = name, denied(Operation.DELETE, TOPIC, name)
+        return refusals
+
     async def create_partitions(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.CREATE_PARTITIONS].response
         wanted = {t.name: t.count for t in request.topics}
@@ -1187,16 +1424,24 @@ class KafkaApis:
                 for r in reply.results
             )
 
-        reply = await self._admin(
-            lambda s: s.CreatePartitions,
-            pb.CreatePartitionsRequest(
-                topics=[pb.PartitionIncrease(name=n, count=c) for n, c in wanted.items()],
-                validate_only=bool(request.validate_only),
-            ),
-            grown,
-            list(wanted),
-        )
-        answers = self._answers(reply, "create_partitions")
+        answers: dict[str, tuple[ErrorCode, str | None, Any]] = {}
+        if self.access is not None:  # ALTER on each topic
+            for name in self.access.refused(Operation.ALTER, TOPIC, wanted):
+                refusal = denied(Operation.ALTER, TOPIC, name)
+                self._item_error(refusal, "create_partitions", name)
+                answers[name] = (refusal.code, str(refusal), None)
+        allowed = {n: c for n, c in wanted.items() if n not in answers}
+        if allowed:
+            reply = await self._admin(
+                lambda s: s.CreatePartitions,
+                pb.CreatePartitionsRequest(
+                    topics=[pb.PartitionIncrease(name=n, count=c) for n, c in allowed.items()],
+                    validate_only=bool(request.validate_only),
+                ),
+                grown,
+                list(allowed),
+            )
+            answers.update(self._answers(reply, "create_partitions"))
         return response(
             throttle_time_ms=0,
             results=[
@@ -1216,6 +1461,9 @@ class KafkaApis:
         for resource in request.resources:
             code, message, configs = ErrorCode.NONE, None, []
             try:
+                self._check_configs(
+                    Operation.DESCRIBE_CONFIGS, resource.resource_type, resource.resource_name
+                )
                 values = self._config_values(resource.resource_type, resource.resource_name)
                 keys = resource.configuration_keys
                 for name, (value, source) in sorted(values.items()):
@@ -1250,6 +1498,17 @@ class KafkaApis:
                 )
             )
         return response(throttle_time_ms=0, results=results)
+
+    def _check_configs(self, operation: Operation, resource_type: int, name: str) -> None:
+        """A topic's configs need the operation on the topic, the brokers' on the cluster;
+        raises the *_AUTHORIZATION_FAILED error."""
+        access = self.access
+        if access is None:
+            return
+        if resource_type == TOPIC_RESOURCE:
+            access.check(operation, TOPIC, name)
+        elif resource_type == BROKER_RESOURCE:
+            access.check_cluster(operation)
 
     def _config_values(self, resource_type: int, name: str) -> dict[str, tuple[str, int]]:
         """Each config's value and its source."""
@@ -1346,6 +1605,9 @@ class KafkaApis:
                         ErrorCode.INVALID_REQUEST,
                         "only topic configs and the brokers' log.* defaults can be altered",
                     )
+                self._check_configs(
+                    Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
+                )
                 altered = alteration(resource)
                 if resource.resource_type == BROKER_RESOURCE and resource.resource_name:
                     await self._alter_broker_configs(resource.resource_name, altered, validate_only)

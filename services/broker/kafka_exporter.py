@@ -62,7 +62,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from directlog.protocol.client import KafkaConnection
+from directlog.protocol.client import ClientSecurity, KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import within
@@ -266,9 +266,11 @@ class LeaderEndOffsets:
         node_id: int,
         address: Callable[[int], tuple[str, int] | None],
         timeout: float = END_OFFSETS_TIMEOUT,
+        security: ClientSecurity | None = None,
     ) -> None:
         self._client_id = f"directlog-exporter-{node_id}"
         self._address = address
+        self._security = security
         self._timeout = timeout
         self._connections: dict[int, tuple[tuple[str, int], KafkaConnection]] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -353,7 +355,9 @@ class LeaderEndOffsets:
                 except BaseException:  # a half-read answer leaves the stream unusable
                     await self._drop(leader)
                     raise
-            connection = await KafkaConnection.connect(*address, timeout=self._timeout)
+            connection = await KafkaConnection.connect(
+                *address, timeout=self._timeout, security=self._security
+            )
             self._connections[leader] = (address, connection)
             try:
                 return await connection.request(request, ListOffsetsResponse, self._client_id)
@@ -391,7 +395,9 @@ class KafkaExporterMetrics(Collector):
         self._replicas = replicas
         self._coordinator = coordinator
         self._loop = loop
-        self.leaders = LeaderEndOffsets(node_id, self._broker_address)
+        self.leaders = LeaderEndOffsets(
+            node_id, self._broker_address, security=replicas.fetch_settings.security
+        )
 
     def collect(self) -> list[Metric]:
         try:

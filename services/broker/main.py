@@ -26,6 +26,13 @@ from directlog.rpc import controller_pb2 as pb
 from directlog.topic_config import LogConfig
 from directlog.waits import within
 from services.broker.apis import KafkaApis
+from services.broker.authentication import (
+    inter_broker_security,
+    listener_security,
+    session_settings,
+    stored_credentials,
+)
+from services.broker.authorization import Access
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.controller_link import ControllerLink
 from services.broker.groups.coordinator import CoordinatorSettings, GroupCoordinator
@@ -95,6 +102,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         settings.replica_fetch_wait_max_ms,
         settings.replica_fetch_max_bytes,
         settings.replica_fetch_backoff_ms,
+        inter_broker_security(settings),
     )
     replicas = ReplicaManager(
         settings.node_id, logs, image, fetch, lambda: apis.data_arrived(), metrics
@@ -120,6 +128,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         settings.rack,
         settings.heartbeat_interval_ms / 1000,
         apply,
+        tls=settings.controller_tls,
     )
     metrics_port = metrics.serve(
         settings.host, settings.metrics_port, lambda: readiness(link, image, settings.node_id)
@@ -132,14 +141,16 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     exporter = KafkaExporterMetrics(settings.node_id, image, replicas, coordinator, loop)
     metrics.registry.register(exporter)  # kafka_exporter's names: lag without an exporter
     producer_ids = ProducerIdAllocator(link)
+    access = Access.from_settings(settings, image)  # None: the authorizer is off
     apis = KafkaApis(
         settings,
         image,
         replicas,
         link,
         metrics,
-        GroupApis(coordinator, image, metrics),
+        GroupApis(coordinator, image, metrics, access),
         producer_ids,
+        access,
     )
     replicas.link = link
     if settings.rdma_produce:
@@ -163,21 +174,28 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         )
         replicas.remote_state = RemoteLogState(store, link)
         tiering, tiering_port = await serve_tiering(
-            TieringService(replicas, link), settings.tiering_host, settings.tiering_port
+            TieringService(replicas, link),
+            settings.tiering_host,
+            settings.tiering_port,
+            settings.tiering_tls,
         )
         tiering_line = (
             f"  tiering (gRPC)     {settings.tiering_host}:{tiering_port}, "
             f"remote store {store.root_uri}\n"
         )
-    server = KafkaServer(apis, metrics, settings.socket_request_max_bytes)
+    sessions = session_settings(settings, stored_credentials(image.scram_credential))
+    server = KafkaServer(apis, metrics, settings.socket_request_max_bytes, sessions)
     listener_lines = ""
     for listener in settings.kafka_listeners():
-        bound = server.listen(listener.host, listener.port, listener.name)
+        bound = server.listen(
+            listener.host, listener.port, listener.name, listener_security(settings, listener)
+        )
         host = listener.advertised_host or listener.host
         port = listener.advertised_port or bound
         link.listeners.append(pb.Listener(name=listener.name, host=host, port=port))
         listener_lines += (
-            f"  listener {listener.name:<9} {listener.host}:{bound}, advertised {host}:{port}\n"
+            f"  listener {listener.name:<9} {listener.host}:{bound}, advertised {host}:{port}"
+            f" ({listener.protocol})\n"
         )
     bootstrap = f"{link.listeners[0].host}:{link.listeners[0].port}"
     link.start()

@@ -184,6 +184,12 @@ class BrokerMetrics:
             "Connections closed because their bytes could not be read as Kafka requests",
             registry=r,
         )
+        self.closed_for_authentication = Counter(
+            "directlog_broker_connections_closed_for_authentication",
+            "Connections closed by SASL: a failed login, a request before authenticating, "
+            "an expired session",
+            registry=r,
+        )
 
         # RDMA push replication (services/broker/rdma/replica_leader.py) and its fallback.
         self.replication_pushed_bytes = self._by_topic(

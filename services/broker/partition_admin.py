@@ -13,7 +13,9 @@ from typing import Any
 from directlog.protocol.api import APIS, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
+from directlog.security.acl import Operation
 from directlog.topics import TopicPartition
+from services.broker.authorization import CLUSTER, Access, denied
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.metrics import BrokerMetrics
 
@@ -24,10 +26,20 @@ ControllerCall = Callable[[Any, Any, Callable[[Any], bool]], Awaitable[Any]]
 
 
 class PartitionAdmin:
-    def __init__(self, image: ClusterImage, call: ControllerCall, metrics: BrokerMetrics) -> None:
+    """Elections and reassignments need ALTER on the cluster, listing reassignments
+    DESCRIBE, as in Kafka (``access``: None with the authorizer off)."""
+
+    def __init__(
+        self,
+        image: ClusterImage,
+        call: ControllerCall,
+        metrics: BrokerMetrics,
+        access: Access | None = None,
+    ) -> None:
         self.image = image
         self.call = call
         self.metrics = metrics
+        self.access = access
 
     def handlers(self) -> dict[int, Callable[[Any, RequestHeader], Awaitable[Any]]]:
         return {
@@ -36,8 +48,36 @@ class PartitionAdmin:
             ApiKey.LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
         }
 
+    def _refusal(self, api: str, operation: Operation) -> KafkaError | None:
+        """CLUSTER_AUTHORIZATION_FAILED, counted and logged, when the requester may not
+        perform the operation on the cluster."""
+        if self.access is None or self.access.allowed_on_cluster(operation):
+            return None
+        refusal = denied(operation, CLUSTER, "")
+        self.metrics.request_error(api, refusal.code)
+        log.info("%s: %s", api, refusal)
+        return refusal
+
     async def elect_leaders(self, request: Any, header: RequestHeader) -> Any:
         response = APIS[ApiKey.ELECT_LEADERS].response
+        refusal = self._refusal("elect_leaders", Operation.ALTER)
+        if refusal is not None:  # every partition named answers it too
+            return response(
+                throttle_time_ms=0,
+                error_code=refusal.code,
+                replica_election_results=[
+                    response.ReplicaElectionResult(
+                        topic=t.topic,
+                        partition_result=[
+                            response.ReplicaElectionResult.PartitionResult(
+                                partition_id=p, error_code=refusal.code, error_message=str(refusal)
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in request.topic_partitions or ()
+                ],
+            )
         election_type = request.election_type if header.api_version >= 1 else 0
         wanted = None
         if request.topic_partitions is not None:
@@ -93,6 +133,29 @@ class PartitionAdmin:
 
     async def alter_partition_reassignments(self, request: Any, header: RequestHeader) -> Any:
         response = APIS[ApiKey.ALTER_PARTITION_REASSIGNMENTS].response
+        refusal = self._refusal("alter_partition_reassignments", Operation.ALTER)
+        if refusal is not None:  # every partition named answers it too
+            topic_response = response.ReassignableTopicResponse
+            return response(
+                throttle_time_ms=0,
+                allow_replication_factor_change=True,
+                error_code=refusal.code,
+                error_message=str(refusal),
+                responses=[
+                    topic_response(
+                        name=t.name,
+                        partitions=[
+                            topic_response.ReassignablePartitionResponse(
+                                partition_index=p.partition_index,
+                                error_code=refusal.code,
+                                error_message=str(refusal),
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in request.topics
+                ],
+            )
         wanted = [
             pb.Reassignment(
                 topic=t.name,
@@ -154,6 +217,14 @@ class PartitionAdmin:
 
     async def list_partition_reassignments(self, request: Any, header: RequestHeader) -> Any:
         response = APIS[ApiKey.LIST_PARTITION_REASSIGNMENTS].response
+        refusal = self._refusal("list_partition_reassignments", Operation.DESCRIBE)
+        if refusal is not None:
+            return response(
+                throttle_time_ms=0,
+                error_code=refusal.code,
+                error_message=str(refusal),
+                topics=[],
+            )
         if request.topics is None:
             wanted = [
                 (topic.name, index)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from directlog.protocol import replica_fetch
-from directlog.protocol.client import KafkaConnection
+from directlog.protocol.client import ClientSecurity, KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import LOG_OVERHEAD
 from directlog.records.errors import CorruptRecordError
@@ -84,6 +84,8 @@ class FetchSettings:
     wait_max_ms: int
     max_bytes: int
     backoff_ms: int
+    # How to reach the leaders' inter-broker listener (TLS, SASL); None: plaintext.
+    security: ClientSecurity | None = None
 
 
 class ReplicaFetcher:
@@ -197,7 +199,9 @@ class ReplicaFetcher:
             address = self._address(self.leader_id)
             if address is None:
                 return None
-            self._connection = await KafkaConnection.connect(*address, timeout=CONNECT_TIMEOUT)
+            self._connection = await KafkaConnection.connect(
+                *address, timeout=CONNECT_TIMEOUT, security=self.settings.security
+            )
         return self._connection
 
     async def _disconnect(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import time
 from typing import Any
@@ -30,7 +29,19 @@ from directlog.protocol.api import (
 )
 from directlog.protocol.errors import ErrorCode
 from directlog.records.errors import RecordError
+from directlog.security.channel import Channel, TlsChannel, TlsHandshakeError
+from directlog.waits import within
 from services.broker.apis import LISTENER, CloseConnectionError, KafkaApis
+from services.broker.authentication import (
+    NO_SASL,
+    PLAINTEXT,
+    SASL_KEYS,
+    SESSION,
+    AuthenticationClosedError,
+    ListenerSecurity,
+    Session,
+    SessionSettings,
+)
 from services.broker.down_conversion import DownConversion
 from services.broker.fetch_response import Part, part_size
 from services.broker.metrics import BrokerMetrics
@@ -48,28 +59,40 @@ class BadRequestError(Exception):
     """Bytes that are not a request this broker can answer: the connection is closed."""
 
 
+HANDSHAKE_SECONDS = 10.0  # a TLS handshake not done by then closes the connection
+
+
 class KafkaServer:
-    def __init__(self, apis: KafkaApis, metrics: BrokerMetrics, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        apis: KafkaApis,
+        metrics: BrokerMetrics,
+        max_request_bytes: int,
+        sessions: SessionSettings = NO_SASL,
+    ) -> None:
         self.apis = apis
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
-        self._listeners: dict[str, socket.socket] = {}
+        self.sessions = sessions
+        self._listeners: dict[str, tuple[socket.socket, ListenerSecurity]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def listen(self, host: str, port: int, name: str = "") -> int:
+    def listen(
+        self, host: str, port: int, name: str = "", security: ListenerSecurity = PLAINTEXT
+    ) -> int:
         """Bind listener `name` to host:port (0 picks a free port) and return the port;
         connections wait in the backlog until `serve`, so the port can be registered
         before clients come."""
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         listener.setblocking(False)
-        self._listeners[name] = listener
+        self._listeners[name] = (listener, security)
         return int(listener.getsockname()[1])
 
     def serve(self) -> None:
         assert self._listeners, "listen first"
         self.metrics.watch_event_loop()  # this thread runs the loop: its idle time is measured
-        for name, listener in self._listeners.items():
-            self._spawn(self._accept_loop(listener, name))
+        for name, (listener, security) in self._listeners.items():
+            self._spawn(self._accept_loop(listener, name, security))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -77,53 +100,65 @@ class KafkaServer:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for listener in self._listeners.values():
+        for listener, _ in self._listeners.values():
             listener.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _accept_loop(self, listener: socket.socket, name: str) -> None:
+    async def _accept_loop(
+        self, listener: socket.socket, name: str, security: ListenerSecurity
+    ) -> None:
         loop = asyncio.get_running_loop()
         while True:
             connection, _ = await loop.sock_accept(listener)
             connection.setblocking(False)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn(self._serve(connection, name))
+            self._spawn(self._serve(connection, name, security))
 
-    async def _serve(self, connection: socket.socket, listener: str) -> None:
+    async def _open(self, connection: socket.socket, security: ListenerSecurity) -> Channel:
+        """The connection's channel, its TLS handshake done (TlsHandshakeError if not)."""
+        if security.tls is None:
+            return Channel(connection)
+        channel = TlsChannel(connection, security.tls.current(), server_side=True)
+        try:
+            await within(channel.handshake(), HANDSHAKE_SECONDS)
+        except TimeoutError:
+            raise TlsHandshakeError("no TLS handshake in time") from None
+        return channel
+
+    async def _serve(
+        self, connection: socket.socket, listener: str, security: ListenerSecurity
+    ) -> None:
         LISTENER.set(listener)  # this connection's task: its requests see their listener
-        loop = asyncio.get_running_loop()
         peer = _peer(connection)
         client_host = "/" + peer.rsplit(":", 1)[0]
-        reader = FrameReader(self.max_request_bytes)
         self.metrics.connection_opened()
         try:
+            channel = await self._open(connection, security)
+            session = Session(security, self.sessions, channel.peer_subject(), client_host[1:])
+            SESSION.set(session)
+            reader = FrameReader(session.frame_limit or self.max_request_bytes)
             while True:
-                received = await loop.sock_recv_into(connection, reader.writable())
+                received = await channel.recv_into(reader.writable())
                 if not received:
                     return
                 reader.received(received)
-                outbox = bytearray()
-                produces: list[memoryview] = []
-                for frame in reader.frames():
-                    if frame[:2] == _PRODUCE_KEY:
-                        produces.append(frame)
-                        continue
-                    if produces:
-                        outbox = await self._produce(connection, produces, outbox, client_host)
-                        produces = []
-                    if outbox and frame[0] == 0 and frame[1] in _WAITING_KEYS:
-                        await loop.sock_sendall(connection, outbox)
-                        outbox = bytearray()
-                    outbox = await self._request(connection, frame, outbox, client_host)
-                if produces:
-                    outbox = await self._produce(connection, produces, outbox, client_host)
+                try:
+                    outbox = await self._frames(channel, reader, session, bytearray(), client_host)
+                except AuthenticationClosedError as error:
+                    await asyncio.sleep(error.delay)  # a failed login is answered late
+                    if error.last_words:
+                        await channel.sendall(error.last_words)
+                    raise
                 if outbox:
-                    await loop.sock_sendall(connection, outbox)
-        except (FrameTooLargeError, BadRequestError, RecordError) as error:
+                    await channel.sendall(outbox)
+        except (FrameTooLargeError, BadRequestError, RecordError, TlsHandshakeError) as error:
             self.metrics.closed_for_bad_input.inc()
             log.warning("closing connection from %s: %s", peer, error)
+        except AuthenticationClosedError as error:
+            self.metrics.closed_for_authentication.inc()
+            log.info("closing connection from %s: %s", peer, error)
         except CloseConnectionError as error:
             log.info("closing connection from %s: %s", peer, error)
         except (ConnectionError, TimeoutError):
@@ -134,21 +169,67 @@ class KafkaServer:
             self.metrics.connection_closed()
             connection.close()
 
+    async def _frames(
+        self,
+        channel: Channel,
+        reader: FrameReader,
+        session: Session,
+        outbox: bytearray,
+        client_host: str,
+    ) -> bytearray:
+        """Answer every whole frame received, as the session admits them; returns what is
+        not sent yet. A refusal that closes the connection carries everything still to send
+        (Kafka answers the refused request itself, then closes)."""
+        produces: list[memoryview] = []
+        for frame in reader.frames():
+            try:
+                if session.raw_tokens:  # SASL after a v0 handshake: bare tokens
+                    outbox += _frame(session.raw_token(frame))
+                    reader.max_frame = session.frame_limit or self.max_request_bytes
+                    continue
+                session.admit(int.from_bytes(frame[:2], "big") if len(frame) >= 2 else -1)
+            except AuthenticationClosedError as error:
+                error.last_words = bytes(outbox) + error.last_words
+                raise
+            if frame[:2] == _PRODUCE_KEY:
+                produces.append(frame)
+                continue
+            if produces:
+                outbox = await self._produce(channel, produces, outbox, client_host)
+                produces = []
+            if outbox and frame[0] == 0 and frame[1] in _WAITING_KEYS:
+                await channel.sendall(outbox)
+                outbox = bytearray()
+            try:
+                outbox = await self._request(channel, frame, outbox, client_host, session)
+            except AuthenticationClosedError as error:
+                error.last_words = bytes(outbox) + error.last_words
+                raise
+            reader.max_frame = session.frame_limit or self.max_request_bytes
+        if produces:
+            outbox = await self._produce(channel, produces, outbox, client_host)
+        return outbox
+
     async def _request(
-        self, connection: socket.socket, frame: memoryview, outbox: bytearray, client_host: str
+        self,
+        channel: Channel,
+        frame: memoryview,
+        outbox: bytearray,
+        client_host: str,
+        session: Session | None = None,
     ) -> bytearray:
         """Answer one frame. Byte answers join `outbox`, so the answers to requests that
         arrived together (pipelined produces) leave in one send; returns what is unsent."""
         started = time.perf_counter()
-        parts, api_name, version = await self.respond(frame, client_host)
+        parts, api_name, version = await self.respond(frame, client_host, session)
         if parts is not None:
-            outbox = await self._send(connection, parts, outbox)
+            outbox = await self._send(channel, parts, outbox)
         self.metrics.request(api_name, version, time.perf_counter() - started)
         return outbox
 
     async def _produce(
         self,
-        connection: socket.socket,
+        channel: Channel,
         frames: list[memoryview],
         outbox: bytearray,
         client_host: str,
@@ -178,7 +259,7 @@ class KafkaServer:
         return outbox
 
     async def respond(
-        self, frame: memoryview, client_host: str = ""
+        self, frame: memoryview, client_host: str = "", session: Session | None = None
     ) -> tuple[list[Part] | None, str, int]:
         """The response to one request frame (None when the request wants none, as Produce
         with acks=0), with the API's name and version. Raises BadRequestError or RecordError
@@ -196,7 +277,16 @@ class KafkaServer:
             answer = self.apis.api_versions_response(ErrorCode.UNSUPPORTED_VERSION)
             return [response_header(header) + bytes(answer.encode(version=0))], name, 0
         request = self._decode(frame, header, api)
-        response = await self.apis.handle(api, header, request)
+        if api.key in SASL_KEYS:
+            session = session or Session(PLAINTEXT, self.sessions)
+            try:
+                response = session.handle(header, request)
+            except AuthenticationClosedError as error:
+                if error.last_words:
+                    error.last_words = _frame(response_header(header) + error.last_words)
+                raise
+        else:
+            response = await self.apis.handle(api, header, request)
         version = header.api_version
         if response is None:
             return None, name, version
@@ -220,50 +310,33 @@ class KafkaServer:
                 f"{api.key.name.lower()} v{header.api_version} request does not decode: {error!r}"
             ) from error
 
-    async def _send(
-        self, connection: socket.socket, parts: list[Part], outbox: bytearray
-    ) -> bytearray:
+    async def _send(self, channel: Channel, parts: list[Part], outbox: bytearray) -> bytearray:
         """Queue one size-prefixed response behind `outbox`; file slices go out at once
-        with sendfile, views (remote records) as they are, and conversions chunk by chunk
-        as they are made, after what is queued. Returns the bytes still queued."""
-        loop = asyncio.get_running_loop()
+        (sendfile on a plain connection), views (remote records) as they are, and
+        conversions chunk by chunk as they are made, after what is queued. Returns the
+        bytes still queued."""
         outbox += sum(part_size(p) for p in parts).to_bytes(4, "big")
         for part in parts:
             if isinstance(part, bytes):
                 outbox += part
                 continue
             if outbox:
-                await loop.sock_sendall(connection, outbox)
+                await channel.sendall(outbox)
                 outbox = bytearray()
             if isinstance(part, FileSlice):
-                await _sendfile(connection, part)
+                if part.size:
+                    await channel.sendfile(part.fileno(), part.position, part.size)
             elif isinstance(part, DownConversion):
                 async with contextlib.aclosing(part.chunks()) as chunks:
                     async for chunk in chunks:
-                        await loop.sock_sendall(connection, chunk)
+                        await channel.sendall(chunk)
             else:
-                await loop.sock_sendall(connection, part)
+                await channel.sendall(part)
         return outbox
 
 
-async def _sendfile(connection: socket.socket, part: FileSlice) -> None:
-    loop = asyncio.get_running_loop()
-    offset, remaining = part.position, part.size
-    while remaining:
-        try:
-            sent = os.sendfile(connection.fileno(), part.fileno(), offset, remaining)
-        except BlockingIOError:
-            writable = loop.create_future()
-            loop.add_writer(connection, writable.set_result, None)
-            try:
-                await writable
-            finally:
-                loop.remove_writer(connection)
-            continue
-        if sent == 0:
-            raise ConnectionError("segment file ended before the response did")
-        offset += sent
-        remaining -= sent
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
 
 
 def _peer(connection: socket.socket) -> str:

@@ -5,19 +5,24 @@ command-line flags."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from directlog.remote.store import StoreConfig
-from directlog.security.tls import TlsFiles
+from directlog.security.sasl import MECHANISMS as SASL_MECHANISMS
+from directlog.security.tls import ClientAuth, TlsFiles
 from directlog.settings import ServiceSettings
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SECURITY_PROTOCOLS: tuple[str, ...] = get_args(SecurityProtocol)
 
 
 class ListenerSettings(BaseModel):
-    """One Kafka listener: where it binds and what Metadata tells the clients that come in
-    through it (a pod's DNS name inside Kubernetes, a node's address from outside)."""
+    """One Kafka listener: where it binds, what Metadata tells the clients that come in
+    through it (a pod's DNS name inside Kubernetes, a node's address from outside), and its
+    security protocol (Kafka's listener.security.protocol.map entry)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,6 +31,41 @@ class ListenerSettings(BaseModel):
     port: int = Field(ge=0, le=65535)  # 0 picks a free port
     advertised_host: str | None = None  # host if unset
     advertised_port: int | None = Field(None, ge=1, le=65535)  # the bound port if unset
+    # Unset: listener_security_protocol_map's entry, else the name when it is a protocol.
+    security_protocol: SecurityProtocol | None = None
+    # Kafka's listener.name.<name>.ssl.client.auth / sasl.enabled.mechanisms: unset, the
+    # broker-wide setting.
+    ssl_client_auth: ClientAuth | None = None
+    sasl_enabled_mechanisms: list[str] | None = None
+
+    @property
+    def protocol(self) -> SecurityProtocol:
+        assert self.security_protocol is not None, "resolved by BrokerSettings"
+        return self.security_protocol
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+def parse_kafka_listeners(text: str) -> list[dict[str, Any]]:
+    """Kafka's listeners syntax, NAME://host:port[,...] (an empty host: the broker's host
+    setting; [ipv6]:port), as listener fields."""
+    parsed = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, separator, address = item.partition("://")
+        host, colon, port = address.rpartition(":")
+        if not separator or not colon or not port.isdigit():
+            raise ValueError(f"listener {item!r} is not NAME://host:port")
+        entry: dict[str, Any] = {"name": name, "port": int(port)}
+        if host:
+            entry["host"] = host.strip("[]")
+        parsed.append(entry)
+    return parsed
 
 
 class BrokerSettings(ServiceSettings):
@@ -43,6 +83,35 @@ class BrokerSettings(ServiceSettings):
     # The listener replicas fetch through (Kafka's inter.broker.listener.name); the first
     # listener if unset. Every broker of a cluster names the same one.
     inter_broker_listener: str | None = None
+    # Security (docs/security.md), under Kafka's names. advertised_listeners, in Kafka's
+    # NAME://host:port syntax, sets the listeners' advertised addresses by name;
+    # listener_security_protocol_map (NAME:PROTOCOL,... or a mapping) names each listener's
+    # protocol where its name is not one.
+    advertised_listeners: str | None = None
+    listener_security_protocol_map: dict[str, SecurityProtocol] = Field(default_factory=dict)
+    # The certificate of SSL and SASL_SSL listeners, and the CAs client certificates must
+    # chain to (ssl.keystore / ssl.truststore, PEM); reloaded when the files change.
+    ssl: TlsFiles | None = None
+    ssl_client_auth: ClientAuth = "none"
+    ssl_files_check_interval_ms: int = Field(5000, ge=10)
+    sasl_enabled_mechanisms: list[str] = Field(
+        default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    )
+    sasl_server_max_receive_size: int = Field(524288, ge=256)  # frames before authentication
+    connections_max_reauth_ms: int = Field(0, ge=0)  # 0: sessions never expire
+    connection_failed_authentication_delay_ms: int = Field(100, ge=0)
+    # Authorization (Kafka's authorizer.class.name, super.users, allow.everyone.if.no.acl.found):
+    # with the authorizer on, every request is checked against the cluster's ACLs. Super
+    # users (User:admin; Kafka's "User:a;User:b" is taken too) may do anything; the brokers'
+    # own principal must be one for replication once the authorizer is on.
+    authorizer_enabled: bool = False
+    super_users: list[str] = Field(default_factory=list)
+    allow_everyone_if_no_acl_found: bool = False
+    # How this broker authenticates to the others' inter-broker listener when it is SASL
+    # (sasl.mechanism.inter.broker.protocol and the broker's own JAAS login).
+    inter_broker_sasl_mechanism: str = "SCRAM-SHA-512"
+    inter_broker_sasl_username: str | None = None
+    inter_broker_sasl_password: SecretStr | None = None
     data_dir: Path = Path("data")
     metrics_port: int = Field(9308, ge=0, le=65535)  # 0 picks a free port
     rack: str | None = None
@@ -143,6 +212,28 @@ class BrokerSettings(ServiceSettings):
     # whole before sending it, as brokers did before (docs/broker.md, "Old consumers").
     down_conversion_chunk_bytes: int = Field(128 * 1024, ge=0)
 
+    @field_validator("listeners", mode="before")
+    @classmethod
+    def _kafka_listeners_syntax(cls, value: Any) -> Any:
+        return parse_kafka_listeners(value) if isinstance(value, str) else value
+
+    @field_validator("super_users", mode="before")
+    @classmethod
+    def _kafka_super_users_syntax(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [user.strip() for user in value.split(";") if user.strip()]
+        return value
+
+    @field_validator("listener_security_protocol_map", mode="before")
+    @classmethod
+    def _kafka_map_syntax(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        pairs = [item.strip().split(":", 1) for item in value.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"listener_security_protocol_map {value!r} is not NAME:PROTOCOL,...")
+        return {name.strip(): protocol.strip() for name, protocol in pairs}
+
     @model_validator(mode="after")
     def _listeners_consistent(self) -> Self:
         names = [listener.name for listener in self.listeners]
@@ -157,11 +248,14 @@ class BrokerSettings(ServiceSettings):
             )
         return self
 
-    def kafka_listeners(self) -> list[ListenerSettings]:
-        """The listeners to open, the old single-listener settings as one PLAINTEXT."""
-        if self.listeners:
-            return list(self.listeners)
-        return [
+    @model_validator(mode="after")
+    def _listener_security(self) -> Self:
+        """Every listener's protocol resolved, advertised_listeners applied, and what a
+        protocol needs present (a certificate for SSL, mechanisms for SASL)."""
+        advertised = {
+            entry["name"]: entry for entry in parse_kafka_listeners(self.advertised_listeners or "")
+        }
+        listeners = self.listeners or [
             ListenerSettings(
                 name="PLAINTEXT",
                 host=self.host,
@@ -170,6 +264,61 @@ class BrokerSettings(ServiceSettings):
                 advertised_port=None,
             )
         ]
+        unknown = advertised.keys() - {listener.name for listener in listeners}
+        if unknown:
+            raise ValueError(f"advertised_listeners names no listener: {sorted(unknown)}")
+        for listener in listeners:
+            if listener.name in advertised:
+                listener.advertised_host = advertised[listener.name].get("host")
+                listener.advertised_port = advertised[listener.name]["port"]
+            if listener.security_protocol is None:
+                protocol = self.listener_security_protocol_map.get(listener.name, listener.name)
+                if protocol not in SECURITY_PROTOCOLS:
+                    raise ValueError(
+                        f"listener {listener.name} has no security protocol: name one in "
+                        f"listener_security_protocol_map ({', '.join(SECURITY_PROTOCOLS)})"
+                    )
+                listener.security_protocol = protocol  # type: ignore[assignment]
+            if listener.uses_ssl and (self.ssl is None or self.ssl.cert_file is None):
+                raise ValueError(f"listener {listener.name} is {listener.protocol}: set ssl")
+            if self.client_auth(listener) != "none" and (self.ssl is None or not self.ssl.ca_file):
+                raise ValueError(f"ssl_client_auth of {listener.name} needs ssl.ca_file")
+            if listener.uses_sasl:
+                unsupported = set(self.sasl_mechanisms(listener)) - set(SASL_MECHANISMS)
+                if unsupported or not self.sasl_mechanisms(listener):
+                    raise ValueError(
+                        f"listener {listener.name}: SASL mechanisms must be some of "
+                        f"{', '.join(SASL_MECHANISMS)}, not {sorted(unsupported) or 'none'}"
+                    )
+        self.listeners = listeners
+        inter_broker = next(x for x in listeners if x.name == self.inter_broker())
+        if inter_broker.uses_sasl and not (
+            self.inter_broker_sasl_username and self.inter_broker_sasl_password
+        ):
+            raise ValueError(
+                f"the inter-broker listener {inter_broker.name} is {inter_broker.protocol}: set "
+                "inter_broker_sasl_username and inter_broker_sasl_password"
+            )
+        if inter_broker.uses_sasl and self.inter_broker_sasl_mechanism not in self.sasl_mechanisms(
+            inter_broker
+        ):
+            raise ValueError(
+                f"inter_broker_sasl_mechanism {self.inter_broker_sasl_mechanism} is not enabled "
+                f"on {inter_broker.name}"
+            )
+        return self
+
+    def client_auth(self, listener: ListenerSettings) -> ClientAuth:
+        return listener.ssl_client_auth or self.ssl_client_auth
+
+    def sasl_mechanisms(self, listener: ListenerSettings) -> list[str]:
+        if listener.sasl_enabled_mechanisms is not None:
+            return listener.sasl_enabled_mechanisms
+        return self.sasl_enabled_mechanisms
+
+    def kafka_listeners(self) -> list[ListenerSettings]:
+        """The listeners to open (the old single-listener settings became one PLAINTEXT)."""
+        return list(self.listeners)
 
     def inter_broker(self) -> str:
         return self.inter_broker_listener or self.kafka_listeners()[0].name

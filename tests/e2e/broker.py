@@ -23,7 +23,9 @@ from tests.e2e.service_process import METRICS_LINE, ServiceProcess
 from tests.ports import free_port
 
 _BOOTSTRAP = re.compile(r"^\s*bootstrap servers\s+(\S+:\d+)\s*$", re.MULTILINE)
-_LISTENER = re.compile(r"^\s*listener (\S+)\s+\S+:\d+, advertised (\S+:\d+)\s*$", re.MULTILINE)
+_LISTENER = re.compile(
+    r"^\s*listener (\S+)\s+\S+:\d+, advertised (\S+:\d+)(?: \(\w+\))?\s*$", re.MULTILINE
+)
 
 
 class BrokerProcess(ServiceProcess):

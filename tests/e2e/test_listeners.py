@@ -38,7 +38,11 @@ def described_brokers(bootstrap: str) -> dict[int, str]:
 
 
 def test_clients_see_the_addresses_of_the_listener_they_use(tmp_path: Path, clients) -> None:
-    settings = {"listeners": LISTENERS, "inter_broker_listener": "INTERNAL"}
+    settings = {
+        "listeners": LISTENERS,
+        "inter_broker_listener": "INTERNAL",
+        "listener_security_protocol_map": "EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT",
+    }
     with Cluster(tmp_path, brokers=2, broker_settings=settings) as cluster:
         internal = {i: b.listeners["INTERNAL"] for i, b in cluster.brokers.items()}
         external = {i: b.listeners["EXTERNAL"] for i, b in cluster.brokers.items()}
@@ -71,12 +75,15 @@ def test_listener_settings_that_contradict_are_refused() -> None:
     twice = [{"name": "INTERNAL", "port": 9092}, {"name": "INTERNAL", "port": 9093}]
     with pytest.raises(ValidationError, match="listener names must differ"):
         BrokerSettings(listeners=twice)
+    plain = {"listener_security_protocol_map": {"EXTERNAL": "PLAINTEXT", "INTERNAL": "PLAINTEXT"}}
     with pytest.raises(ValidationError, match="inter_broker_listener 'REPLICATION' is not a"):
-        BrokerSettings(listeners=LISTENERS, inter_broker_listener="REPLICATION")
+        BrokerSettings(listeners=LISTENERS, inter_broker_listener="REPLICATION", **plain)
+    with pytest.raises(ValidationError, match="listener EXTERNAL has no security protocol"):
+        BrokerSettings(listeners=LISTENERS)  # Kafka's rule: a name that is no protocol is mapped
     with pytest.raises(ValidationError, match="String should match pattern"):
         BrokerSettings(listeners=[{"name": "in side", "port": 9092}])
     default = BrokerSettings(port=9999, advertised_host="broker-0.local")
     (only,) = default.kafka_listeners()
     assert (only.name, only.port, only.advertised_host) == ("PLAINTEXT", 9999, "broker-0.local")
     assert default.inter_broker() == "PLAINTEXT"
-    assert BrokerSettings(listeners=LISTENERS).inter_broker() == "EXTERNAL"
+    assert BrokerSettings(listeners=LISTENERS, **plain).inter_broker() == "EXTERNAL"

@@ -10,6 +10,8 @@ from typing import Any
 
 from directlog.protocol.api import APIS, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode
+from directlog.security.acl import Operation
+from services.broker.authorization import GROUP, TOPIC, Access, authorized_operations, denied
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.error_codes import error_code_for
 from services.broker.groups.coordinator import Commit, GroupCoordinator
@@ -24,12 +26,21 @@ CONSUMER = "consumer"
 
 
 class GroupApis:
+    """``access``: ACL authorization, None with the authorizer off. As in Kafka, a group's
+    members need READ on it, describing it DESCRIBE, deleting it (or its offsets) DELETE;
+    committing offsets needs READ on each topic too, fetching them DESCRIBE."""
+
     def __init__(
-        self, coordinator: GroupCoordinator, image: ClusterImage, metrics: BrokerMetrics
+        self,
+        coordinator: GroupCoordinator,
+        image: ClusterImage,
+        metrics: BrokerMetrics,
+        access: Access | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.image = image
         self.metrics = metrics
+        self.access = access
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -50,11 +61,31 @@ class GroupApis:
             self.metrics.request_error(api, code)
         return code
 
+    def _refused(self, api: str, operation: Operation, group_id: str) -> bool:
+        """Whether the requester may not perform the operation on the group (logged; the
+        caller counts the GROUP_AUTHORIZATION_FAILED it answers)."""
+        if self.access is None or self.access.allowed(operation, GROUP, group_id):
+            return False
+        log.info("%s: %s", api, denied(operation, GROUP, group_id))
+        return True
+
     # Membership -------------------------------------------------------------------------
 
     async def join_group(self, request: Any, header: RequestHeader) -> Any:
         version = header.api_version
         response = APIS[ApiKey.JOIN_GROUP].response
+        if self._refused("join_group", Operation.READ, request.group_id):
+            return response(
+                throttle_time_ms=0,
+                error_code=self._counted("join_group", ErrorCode.GROUP_AUTHORIZATION_FAILED),
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name=None if version >= 7 else "",
+                leader="",
+                skip_assignment=False,
+                member_id="",
+                members=[],
+            )
         join = JoinRequest(
             member_id=request.member_id,
             group_instance_id=request.group_instance_id if version >= 5 else None,
@@ -98,6 +129,14 @@ class GroupApis:
     async def sync_group(self, request: Any, header: RequestHeader) -> Any:
         version = header.api_version
         response = APIS[ApiKey.SYNC_GROUP].response
+        if self._refused("sync_group", Operation.READ, request.group_id):
+            return response(
+                throttle_time_ms=0,
+                error_code=self._counted("sync_group", ErrorCode.GROUP_AUTHORIZATION_FAILED),
+                protocol_type=None,
+                protocol_name=None,
+                assignment=b"",
+            )
         reply = await self.coordinator.sync(
             request.group_id,
             request.member_id,
@@ -117,17 +156,26 @@ class GroupApis:
 
     async def heartbeat(self, request: Any, header: RequestHeader) -> Any:
         response = APIS[ApiKey.HEARTBEAT].response
-        code = self.coordinator.heartbeat(
-            request.group_id,
-            request.member_id,
-            request.group_instance_id if header.api_version >= 3 else None,
-            request.generation_id,
-        )
+        if self._refused("heartbeat", Operation.READ, request.group_id):
+            code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        else:
+            code = self.coordinator.heartbeat(
+                request.group_id,
+                request.member_id,
+                request.group_instance_id if header.api_version >= 3 else None,
+                request.generation_id,
+            )
         return response(throttle_time_ms=0, error_code=self._counted("heartbeat", code))
 
     async def leave_group(self, request: Any, header: RequestHeader) -> Any:
         version = header.api_version
         response = APIS[ApiKey.LEAVE_GROUP].response
+        if self._refused("leave_group", Operation.READ, request.group_id):
+            return response(
+                throttle_time_ms=0,
+                error_code=self._counted("leave_group", ErrorCode.GROUP_AUTHORIZATION_FAILED),
+                members=[],
+            )
         if version >= 3:
             leaving = [(m.member_id, m.group_instance_id) for m in request.members]
         else:
@@ -159,9 +207,21 @@ class GroupApis:
         partition_type = topic_type.OffsetCommitResponsePartition
         commits: list[Commit] = []
         answers: dict[tuple[str, int], ErrorCode] = {}
+        group_refused = self._refused("offset_commit", Operation.READ, request.group_id)
+        topics_refused: set[str] = set()
+        if self.access is not None and not group_refused:
+            topics_refused = self.access.refused(
+                Operation.READ, TOPIC, (t.name for t in request.topics)
+            )
         for topic in request.topics:
             known = self.image.topic(topic.name)
             for p in topic.partitions:
+                if group_refused:
+                    answers[(topic.name, p.partition_index)] = ErrorCode.GROUP_AUTHORIZATION_FAILED
+                    continue
+                if topic.name in topics_refused:
+                    answers[(topic.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 if known is None or p.partition_index not in known.partitions:
                     answers[(topic.name, p.partition_index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
@@ -239,8 +299,21 @@ class GroupApis:
             topic_type = response.OffsetFetchResponseTopic
             partition_type = topic_type.OffsetFetchResponsePartition
         wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
+        # Topics without DESCRIBE: refused when named, left out of "every offset".
+        hidden: set[str] = set()
+        if self.access is not None and wanted is not None:
+            hidden = self.access.refused(Operation.DESCRIBE, TOPIC, (t for t, _ in wanted))
         try:
-            offsets = self.coordinator.fetch_offsets(group_id, wanted)
+            if self._refused("offset_fetch", Operation.DESCRIBE, group_id):
+                raise denied(Operation.DESCRIBE, GROUP, group_id)
+            offsets = self.coordinator.fetch_offsets(
+                group_id, None if wanted is None else [w for w in wanted if w[0] not in hidden]
+            )
+            if wanted is None and self.access is not None:
+                shown = {t for t, _ in offsets} - self.access.refused(
+                    Operation.DESCRIBE, TOPIC, {t for t, _ in offsets}
+                )
+                offsets = {tp: c for tp, c in offsets.items() if tp[0] in shown}
             group_code = ErrorCode.NONE
         except Exception as error:
             group_code = self._counted("offset_fetch", error_code_for(error))
@@ -257,6 +330,21 @@ class GroupApis:
                     error_code=group_code if version < 2 else ErrorCode.NONE,
                 )
             )
+        if group_code is ErrorCode.NONE:
+            for topic, partitions in wanted or ():
+                if topic in hidden:
+                    by_topic[topic] = [
+                        partition_type(
+                            partition_index=partition,
+                            committed_offset=-1,
+                            committed_leader_epoch=-1,
+                            metadata="",
+                            error_code=self._counted(
+                                "offset_fetch", ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                            ),
+                        )
+                        for partition in partitions
+                    ]
         return {
             "topics": [
                 topic_type(name=name, partitions=parts) for name, parts in sorted(by_topic.items())
@@ -268,13 +356,31 @@ class GroupApis:
         response = APIS[ApiKey.OFFSET_DELETE].response
         topic_type = response.OffsetDeleteResponseTopic
         partition_type = topic_type.OffsetDeleteResponsePartition
-        wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        if self._refused("offset_delete", Operation.DELETE, request.group_id):
+            return response(
+                error_code=self._counted("offset_delete", ErrorCode.GROUP_AUTHORIZATION_FAILED),
+                throttle_time_ms=0,
+                topics=[],
+            )
+        refused: set[str] = set()  # topics without READ
+        if self.access is not None:
+            refused = self.access.refused(Operation.READ, TOPIC, (t.name for t in request.topics))
+        wanted = [
+            (t.name, p.partition_index)
+            for t in request.topics
+            if t.name not in refused
+            for p in t.partitions
+        ]
         group = self._group_or_none(request.group_id)
         subscribed: set[str] = set()
         if group is not None and group.protocol_type == CONSUMER:
             for metadata in group.subscribed_protocol_metadata():
                 subscribed |= subscribed_topics(metadata) or set()
         code, results = await self.coordinator.delete_offsets(request.group_id, wanted, subscribed)
+        for t in request.topics:
+            if t.name in refused:
+                for p in t.partitions:
+                    results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         return response(
             error_code=self._counted("offset_delete", code),
             throttle_time_ms=0,
@@ -307,6 +413,10 @@ class GroupApis:
             for g in self.coordinator.listed_groups()
             if not states or g.state.value.lower() in states
         ]
+        # DESCRIBE on the cluster lists every group; without it, those it may DESCRIBE.
+        access = self.access
+        if access is not None and not access.allowed_on_cluster(Operation.DESCRIBE):
+            groups = [g for g in groups if access.allowed(Operation.DESCRIBE, GROUP, g.group_id)]
         code = (
             ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if self.coordinator.loading() else ErrorCode.NONE
         )
@@ -327,8 +437,25 @@ class GroupApis:
     async def describe_groups(self, request: Any, header: RequestHeader) -> Any:
         response = APIS[ApiKey.DESCRIBE_GROUPS].response
         described = response.DescribedGroup
+        with_operations = header.api_version >= 3 and request.include_authorized_operations
         out = []
         for group_id in request.groups:
+            if self._refused("describe_groups", Operation.DESCRIBE, group_id):
+                out.append(  # Kafka's answer for a refused group: nothing about it
+                    described(
+                        error_code=self._counted(
+                            "describe_groups", ErrorCode.GROUP_AUTHORIZATION_FAILED
+                        ),
+                        error_message=None,
+                        group_id=group_id,
+                        group_state="",
+                        protocol_type="",
+                        protocol_data="",
+                        members=[],
+                        authorized_operations=None,
+                    )
+                )
+                continue
             try:
                 group = self.coordinator.lookup(group_id)
                 code = ErrorCode.NONE
@@ -356,7 +483,10 @@ class GroupApis:
                         )
                         for m in (group.members.values() if group else ())
                     ],
-                    authorized_operations=None,  # not asked for: Kafka's -2^31
+                    # KIP-430, when asked for; None: Kafka's -2^31
+                    authorized_operations=authorized_operations(self.access, GROUP, group_id)
+                    if with_operations and code is ErrorCode.NONE
+                    else None,
                 )
             )
         return response(throttle_time_ms=0, groups=out)
@@ -365,7 +495,10 @@ class GroupApis:
         response = APIS[ApiKey.DELETE_GROUPS].response
         results = []
         for group_id in request.groups_names:
-            code = await self.coordinator.delete_group(group_id)
+            if self._refused("delete_groups", Operation.DELETE, group_id):
+                code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            else:
+                code = await self.coordinator.delete_group(group_id)
             if code is ErrorCode.NONE:
                 log.info("group %s deleted", group_id)
             results.append(

@@ -311,7 +311,9 @@ class ReplicaLeader:
             channel.replies.length,
             self._providers,
         )
-        connection = await KafkaConnection.connect(broker.host, broker.port, CONNECT_TIMEOUT)
+        connection = await KafkaConnection.connect(
+            broker.host, broker.port, CONNECT_TIMEOUT, self.replicas.fetch_settings.security
+        )
         try:
             correlation_id = connection.next_correlation_id()
             frame = request_frame(
