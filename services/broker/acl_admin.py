@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from enum import IntEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from directlog.protocol.api import APIS, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
+from directlog.security import acl_messages
 from directlog.security.acl import (
     AclBinding,
     AclBindingFilter,
@@ -32,8 +32,9 @@ from directlog.security.acl import (
     validate_binding,
     validate_filter,
 )
+from directlog.security.acl_messages import binding_message, filter_message, wire_enum
 from services.broker.authorization import Access
-from services.broker.cluster_metadata import ClusterImage, acl_binding
+from services.broker.cluster_metadata import ClusterImage
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition_admin import ControllerCall
 
@@ -43,7 +44,6 @@ NO_AUTHORIZER = "No Authorizer is configured."  # Kafka's words for SECURITY_DIS
 NO_AUTHORIZER_ON_BROKER = "No Authorizer is configured on the broker"  # DescribeAcls'
 
 _Outcome = tuple[ErrorCode, str | None]
-E = TypeVar("E", bound=IntEnum)
 
 
 class AclAdmin:
@@ -103,13 +103,13 @@ class AclAdmin:
         valid: list[AclBinding] = []
         for creation in request.creations:
             binding = AclBinding(
-                _enum(ResourceType, creation.resource_type),
+                wire_enum(ResourceType, creation.resource_type),
                 creation.resource_name,
-                _enum(PatternType, creation.resource_pattern_type),
+                wire_enum(PatternType, creation.resource_pattern_type),
                 creation.principal,
                 creation.host,
-                _enum(Operation, creation.operation),
-                _enum(Permission, creation.permission_type),
+                wire_enum(Operation, creation.operation),
+                wire_enum(Permission, creation.permission_type),
             )
             try:
                 validate_binding(binding)
@@ -143,7 +143,7 @@ class AclAdmin:
         try:
             reply = await self.call(
                 lambda s: s.CreateAcls,
-                pb.CreateAclsRequest(creations=[_message(b) for b in bindings]),
+                pb.CreateAclsRequest(creations=[binding_message(b) for b in bindings]),
                 shown,
             )
         except KafkaError as error:
@@ -167,13 +167,13 @@ class AclAdmin:
         if refusal is None:
             assert self.access is not None, "without an authorizer _refusal answers"
             acl_filter = AclBindingFilter(
-                _enum(ResourceType, request.resource_type_filter),
+                wire_enum(ResourceType, request.resource_type_filter),
                 request.resource_name_filter,
-                _enum(PatternType, request.pattern_type_filter),
+                wire_enum(PatternType, request.pattern_type_filter),
                 request.principal_filter,
                 request.host_filter,
-                _enum(Operation, request.operation),
-                _enum(Permission, request.permission_type),
+                wire_enum(Operation, request.operation),
+                wire_enum(Permission, request.permission_type),
             )
             try:
                 validate_filter(acl_filter)
@@ -235,13 +235,13 @@ class AclAdmin:
         valid: list[AclBindingFilter] = []
         for item in request.filters:
             acl_filter = AclBindingFilter(
-                _enum(ResourceType, item.resource_type_filter),
+                wire_enum(ResourceType, item.resource_type_filter),
                 item.resource_name_filter,
-                _enum(PatternType, item.pattern_type_filter),
+                wire_enum(PatternType, item.pattern_type_filter),
                 item.principal_filter,
                 item.host_filter,
-                _enum(Operation, item.operation),
-                _enum(Permission, item.permission_type),
+                wire_enum(Operation, item.operation),
+                wire_enum(Permission, item.permission_type),
             )
             try:
                 validate_filter(acl_filter)
@@ -287,7 +287,7 @@ class AclAdmin:
         def gone(reply: pb.DeleteAclsReply) -> bool:
             acls = self.image.acls
             return not any(
-                acl_binding(deleted) in acls
+                acl_messages.binding(deleted) in acls
                 for result in reply.results
                 for deleted in result.deleted
             )
@@ -295,7 +295,7 @@ class AclAdmin:
         try:
             reply = await self.call(
                 lambda s: s.DeleteAcls,
-                pb.DeleteAclsRequest(filters=[_filter_message(f) for f in filters]),
+                pb.DeleteAclsRequest(filters=[filter_message(f) for f in filters]),
                 gone,
             )
         except KafkaError as error:
@@ -304,42 +304,10 @@ class AclAdmin:
         outcomes: list[tuple[ErrorCode, str | None, list[AclBinding]]] = []
         for acl_filter, result in zip(filters, reply.results, strict=True):
             code = ErrorCode(result.error_code)
-            deleted = [acl_binding(message) for message in result.deleted]
+            deleted = [acl_messages.binding(message) for message in result.deleted]
             if code is ErrorCode.NONE:
                 log.info("ACLs deleted by %s: %s", acl_filter, deleted)
             else:
                 self._counted("delete_acls", code, result.error_message)
             outcomes.append((code, result.error_message or None, deleted))
         return outcomes
-
-
-def _enum(kind: type[E], code: int) -> E:
-    """A wire code as its enum; a code Kafka does not know is UNKNOWN, as in Kafka."""
-    try:
-        return kind(code)
-    except ValueError:
-        return kind["UNKNOWN"]
-
-
-def _message(binding: AclBinding) -> pb.AclBinding:
-    return pb.AclBinding(
-        resource_type=binding.resource_type,
-        resource_name=binding.resource_name,
-        pattern_type=binding.pattern_type,
-        principal=binding.principal,
-        host=binding.host,
-        operation=binding.operation,
-        permission=binding.permission,
-    )
-
-
-def _filter_message(acl_filter: AclBindingFilter) -> pb.AclBindingFilter:
-    return pb.AclBindingFilter(
-        resource_type=acl_filter.resource_type,
-        resource_name=acl_filter.resource_name,
-        pattern_type=acl_filter.pattern_type,
-        principal=acl_filter.principal,
-        host=acl_filter.host,
-        operation=acl_filter.operation,
-        permission=acl_filter.permission,
-    )

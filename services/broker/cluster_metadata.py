@@ -27,12 +27,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from directlog.rpc import controller_pb2 as pb
+from directlog.security import acl_messages
 from directlog.security.acl import (
     AclBinding,
-    Operation,
-    PatternType,
-    Permission,
-    ResourceType,
 )
 from directlog.security.client_quotas import QuotaEntity
 from directlog.topic_config import InvalidConfigError, LogConfig
@@ -184,7 +181,7 @@ class ClusterImage:
                 self._scram = scram
                 changed.add(SecurityKind.SCRAM_CREDENTIALS)
         if update.has_acls:
-            acls = frozenset(acl_binding(message) for message in update.acls)
+            acls = frozenset(acl_messages.binding(message) for message in update.acls)
             if acls != self._acls:
                 self._acls = acls
                 changed.add(SecurityKind.ACLS)
@@ -281,19 +278,6 @@ class ClusterImage:
             for info in topic.partitions.values():
                 if broker_id in info.replicas:
                     yield topic, info
-
-
-def acl_binding(message: pb.AclBinding) -> AclBinding:
-    """A binding of the image (the controller validated it)."""
-    return AclBinding(
-        ResourceType(message.resource_type),
-        message.resource_name,
-        PatternType(message.pattern_type),
-        message.principal,
-        message.host,
-        Operation(message.operation),
-        Permission(message.permission),
-    )
 
 
 def quota_entity(components: Iterable[pb.QuotaEntityComponent]) -> QuotaEntity:

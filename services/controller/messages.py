@@ -5,18 +5,10 @@ requests' messages."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeVar
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
-from directlog.security.acl import (
-    AclBinding,
-    AclBindingFilter,
-    Operation,
-    PatternType,
-    Permission,
-    ResourceType,
-)
+from directlog.security.acl_messages import binding_message
 from directlog.security.client_quotas import QuotaEntity
 from directlog.security.scram import ScramCredential
 from services.controller.cluster import ClusterState, Delta, QuotaAlteration, ScramUpsertion
@@ -113,7 +105,7 @@ def metadata_update(
         if has_scram
         else [],
         has_acls=has_acls,
-        acls=[acl_binding(b) for bindings in state.acls.values() for b in bindings]
+        acls=[binding_message(b) for bindings in state.acls.values() for b in bindings]
         if has_acls
         else [],
         has_client_quotas=has_quotas,
@@ -142,56 +134,6 @@ def scram_upsertion(message: pb.ScramCredential) -> ScramUpsertion:
         message.stored_key,
         message.server_key,
         message.iterations,
-    )
-
-
-E = TypeVar("E", ResourceType, PatternType, Operation, Permission)
-
-
-def _code(kind: type[E], value: int) -> E:
-    """A Kafka ACL enum from its wire code; a code it does not know is UNKNOWN, which
-    validation refuses, as Kafka reads one."""
-    try:
-        return kind(value)
-    except ValueError:
-        return kind(0)
-
-
-def acl_binding(binding: AclBinding) -> pb.AclBinding:
-    return pb.AclBinding(
-        resource_type=binding.resource_type,
-        resource_name=binding.resource_name,
-        pattern_type=binding.pattern_type,
-        principal=binding.principal,
-        host=binding.host,
-        operation=binding.operation,
-        permission=binding.permission,
-    )
-
-
-def acl_binding_record(message: pb.AclBinding) -> AclBinding:
-    """A binding as a request carries it (unchecked: ``validate_binding`` judges it)."""
-    return AclBinding(
-        _code(ResourceType, message.resource_type),
-        message.resource_name,
-        _code(PatternType, message.pattern_type),
-        message.principal,
-        message.host,
-        _code(Operation, message.operation),
-        _code(Permission, message.permission),
-    )
-
-
-def acl_filter_record(message: pb.AclBindingFilter) -> AclBindingFilter:
-    """A filter as a request carries it (unchecked: ``validate_filter`` judges it)."""
-    return AclBindingFilter(
-        _code(ResourceType, message.resource_type),
-        message.resource_name if message.HasField("resource_name") else None,
-        _code(PatternType, message.pattern_type),
-        message.principal if message.HasField("principal") else None,
-        message.host if message.HasField("host") else None,
-        _code(Operation, message.operation),
-        _code(Permission, message.permission),
     )
 
 

@@ -17,6 +17,7 @@ import grpc
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc
+from directlog.security import acl_messages
 from services.controller import layout, messages
 from services.controller.cluster import (
     NO_RECORDS,
@@ -439,7 +440,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
     async def CreateAcls(
         self, request: pb.CreateAclsRequest, context: Context
     ) -> pb.CreateAclsReply:
-        bindings = [messages.acl_binding_record(item) for item in request.creations]
+        bindings = [acl_messages.binding(item) for item in request.creations]
         with self._metrics.rpc("CreateAcls"):
             try:
                 term = self._controller.require_term()
@@ -461,7 +462,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
     async def DeleteAcls(
         self, request: pb.DeleteAclsRequest, context: Context
     ) -> pb.DeleteAclsReply:
-        filters = [messages.acl_filter_record(item) for item in request.filters]
+        filters = [acl_messages.binding_filter(item) for item in request.filters]
         with self._metrics.rpc("DeleteAcls"):
             try:
                 term = self._controller.require_term()
@@ -480,7 +481,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 pb.DeleteAclsFilterResult(
                     error_code=0 if error is None else error.code,
                     error_message="" if error is None else str(error),
-                    deleted=[messages.acl_binding(b) for b in deleted],
+                    deleted=[acl_messages.binding_message(b) for b in deleted],
                 )
                 for error, deleted in results
             ]

@@ -21,6 +21,7 @@ import pytest
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.rpc import controller_pb2 as pb
+from directlog.security import acl_messages
 from directlog.security.acl import (
     AclBinding,
     AclBindingFilter,
@@ -387,10 +388,10 @@ def test_unknown_wire_codes_are_refused_as_kafka_refuses_them() -> None:
         operation=3, permission=3,
     )  # fmt: skip
     state, _ = with_topic([(1,)])
-    (error,), _changes = state.create_acls([messages.acl_binding_record(message)])
+    (error,), _changes = state.create_acls([acl_messages.binding(message)])
     assert error is not None and error.code is ErrorCode.INVALID_REQUEST
     (result,), _changes = state.delete_acls(
-        [messages.acl_filter_record(pb.AclBindingFilter(resource_type=1, pattern_type=1))]
+        [acl_messages.binding_filter(pb.AclBindingFilter(resource_type=1, pattern_type=1))]
     )
     assert result[0] is not None and result[0].code is ErrorCode.INVALID_REQUEST  # UNKNOWN op
 
@@ -636,7 +637,7 @@ def test_each_kind_goes_to_brokers_in_full_images_and_in_the_deltas_that_changed
     assert full.has_scram_credentials and full.has_acls and full.has_client_quotas
     assert [(c.user, c.mechanism) for c in full.scram_credentials] == [("alice", 1)]
     assert full.scram_credentials[0].stored_key == credential(SHA256).stored_key
-    assert [messages.acl_binding_record(b) for b in full.acls] == [acl("orders")]
+    assert [acl_messages.binding(b) for b in full.acls] == [acl("orders")]
     assert [
         ([(c.entity_type, c.name) for c in q.entity], dict(q.values)) for q in full.client_quotas
     ] == [([("user", "alice")], {"producer_byte_rate": 9.0})]
@@ -653,7 +654,7 @@ def test_each_kind_goes_to_brokers_in_full_images_and_in_the_deltas_that_changed
     commit(state, change)
     delta = update(state, change.delta)
     assert delta.has_acls and not delta.has_scram_credentials and not delta.has_client_quotas
-    assert sorted(messages.acl_binding_record(b) for b in delta.acls) == [
+    assert sorted(acl_messages.binding(b) for b in delta.acls) == [
         acl("orders"),
         acl("payments"),
     ]
