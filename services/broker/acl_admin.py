@@ -166,15 +166,7 @@ class AclAdmin:
         refusal = self._refusal("describe_acls", Operation.DESCRIBE)
         if refusal is None:
             assert self.access is not None, "without an authorizer _refusal answers"
-            acl_filter = AclBindingFilter(
-                wire_enum(ResourceType, request.resource_type_filter),
-                request.resource_name_filter,
-                wire_enum(PatternType, request.pattern_type_filter),
-                request.principal_filter,
-                request.host_filter,
-                wire_enum(Operation, request.operation),
-                wire_enum(Permission, request.permission_type),
-            )
+            acl_filter = _request_filter(request)
             try:
                 validate_filter(acl_filter)
             except InvalidAclError as error:
@@ -234,15 +226,7 @@ class AclAdmin:
         outcomes: list[tuple[ErrorCode, str | None, list[AclBinding]] | None] = []
         valid: list[AclBindingFilter] = []
         for item in request.filters:
-            acl_filter = AclBindingFilter(
-                wire_enum(ResourceType, item.resource_type_filter),
-                item.resource_name_filter,
-                wire_enum(PatternType, item.pattern_type_filter),
-                item.principal_filter,
-                item.host_filter,
-                wire_enum(Operation, item.operation),
-                wire_enum(Permission, item.permission_type),
-            )
+            acl_filter = _request_filter(item)
             try:
                 validate_filter(acl_filter)
             except InvalidAclError as error:
@@ -311,3 +295,16 @@ class AclAdmin:
                 self._counted("delete_acls", code, result.error_message)
             outcomes.append((code, result.error_message or None, deleted))
         return outcomes
+
+
+def _request_filter(item: Any) -> AclBindingFilter:
+    """The filter a DescribeAcls request or a DeleteAcls filter carries (the same fields)."""
+    return AclBindingFilter(
+        wire_enum(ResourceType, item.resource_type_filter),
+        item.resource_name_filter,
+        wire_enum(PatternType, item.pattern_type_filter),
+        item.principal_filter,
+        item.host_filter,
+        wire_enum(Operation, item.operation),
+        wire_enum(Permission, item.permission_type),
+    )
