@@ -33,6 +33,8 @@ from directlog.records.varint import Buffer
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.admin import (
+        AlterClientQuotasRequest,
+        AlterClientQuotasResponse,
         AlterConfigsRequest,
         AlterConfigsResponse,
         AlterPartitionReassignmentsRequest,
@@ -55,6 +57,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         DeleteTopicsResponse,
         DescribeAclsRequest,
         DescribeAclsResponse,
+        DescribeClientQuotasRequest,
+        DescribeClientQuotasResponse,
         DescribeClusterRequest,
         DescribeClusterResponse,
         DescribeConfigsRequest,
@@ -150,6 +154,8 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
@@ -244,6 +250,20 @@ APIS: dict[int, Api] = {
             1,
         ),
         Api(ApiKey.OFFSET_DELETE, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
+        Api(
+            ApiKey.DESCRIBE_CLIENT_QUOTAS,
+            DescribeClientQuotasRequest,
+            DescribeClientQuotasResponse,
+            0,
+            1,
+        ),
+        Api(
+            ApiKey.ALTER_CLIENT_QUOTAS,
+            AlterClientQuotasRequest,
+            AlterClientQuotasResponse,
+            0,
+            1,
+        ),
         Api(
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
             DescribeUserScramCredentialsRequest,

@@ -124,9 +124,10 @@ def _string(body: memoryview, position: int, flexible: bool) -> tuple[str | None
 
 
 def encode_produce_response(
-    version: int, results: list[tuple[str, list[PartitionResult]]]
+    version: int, results: list[tuple[str, list[PartitionResult]]], throttle_ms: int = 0
 ) -> bytes:
-    """Every produce request is answered through here: one pack per partition."""
+    """Every produce request is answered through here: one pack per partition.
+    ``throttle_ms``: how long a client over its quota is throttled (from v1)."""
     flexible = version >= 9
     writer = Writer(flexible)
     buffer = writer.buffer
@@ -155,7 +156,7 @@ def encode_produce_response(
             writer.tags()
         writer.tags()
     if version >= 1:
-        writer.int32(0)  # throttle time
+        writer.int32(throttle_ms)
     writer.tags()
     return bytes(buffer)
 

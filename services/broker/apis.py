@@ -14,7 +14,7 @@ import contextvars
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, NamedTuple
 
 from directlog.broker_config import BROKER_CONFIG_NAMES, LONG_MAX
@@ -36,10 +36,12 @@ from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
 from directlog.security.acl import Operation
+from directlog.security.client_quotas import ANONYMOUS as ANONYMOUS_USER
 from directlog.topic_config import BROKER_DEFAULT_NAMES, flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.acl_admin import AclAdmin
+from services.broker.authentication import SESSION
 from services.broker.authorization import (
     CLUSTER,
     GROUP,
@@ -67,6 +69,8 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.partition_admin import PartitionAdmin
 from services.broker.producer_ids import ProducerIdAllocator
+from services.broker.quota_admin import QuotaAdmin
+from services.broker.quotas import QuotaKind, QuotaManager
 from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
@@ -98,6 +102,21 @@ _LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES)
 # connection's task): Metadata, FindCoordinator and DescribeCluster answer with the brokers'
 # addresses on it. Empty: the inter-broker listener.
 LISTENER: contextvars.ContextVar[str] = contextvars.ContextVar("listener", default="")
+
+# How long to throttle the client of the connection whose answer was just made, in ms, and
+# whether that answer carries the time (throttle_time_ms): set by the handlers when a client
+# quota is exceeded, taken (and reset) by the server, which mutes the connection that long
+# after sending the answer, or holds back an answer that cannot say so (KIP-219).
+NOT_THROTTLED = (0, True)
+THROTTLE: contextvars.ContextVar[tuple[int, bool]] = contextvars.ContextVar(
+    "throttle", default=NOT_THROTTLED
+)
+# Not metered by request time: how a client finds the broker's versions, and the followers'
+# replication (Kafka exempts inter-broker traffic; Produce and Fetch meter themselves).
+_REQUEST_TIME_EXEMPT = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.RDMA_REPLICA, ApiKey.PRODUCE, ApiKey.FETCH}
+)
+_FOLLOWER_KEYS = frozenset({ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH})
 
 
 class CloseConnectionError(Exception):
@@ -168,6 +187,9 @@ class KafkaApis:
         self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
         self.rdma_replication: RdmaReplication | None = None  # set when rdma_replication is on
         self.remote_reads: RemoteReader | None = None  # set when tiered storage is on
+        # Set while some client quota is configured (main.py follows the image): with none,
+        # requests pay one None check.
+        self.client_quotas: QuotaManager | None = None
         self._data_arrived = asyncio.Event()
         self._image_changed = asyncio.Event()
         self._handlers: dict[int, Callable[[Any, RequestHeader], Awaitable[Response]]] = {
@@ -194,10 +216,28 @@ class KafkaApis:
             **PartitionAdmin(image, self._controller_topics, metrics, access).handlers(),
             **ScramAdmin(image, self._controller_topics, access).handlers(),
             **AclAdmin(image, self._controller_topics, access, metrics).handlers(),
+            **QuotaAdmin(image, self._controller_topics, metrics, access).handlers(),
         }
 
     async def handle(self, api: Api, header: RequestHeader, request: Any) -> Response:
-        return await self._handlers[api.key](request, header)
+        quotas = self.client_quotas
+        if quotas is None or api.key in _REQUEST_TIME_EXEMPT:
+            return await self._handlers[api.key](request, header)
+        user, client_id = _quota_client(header)
+        if quotas.quota(QuotaKind.REQUEST, user, client_id) is None or (
+            api.key in _FOLLOWER_KEYS and getattr(request, "replica_id", -1) >= 0
+        ):
+            return await self._handlers[api.key](request, header)
+        timed = _Timed(self._handlers[api.key](request, header))
+        response = await timed
+        throttle = quotas.record(QuotaKind.REQUEST, user, client_id, timed.seconds)
+        if throttle:
+            self.metrics.quota_throttled("request", throttle)
+            carried = _carries_throttle(api, header.api_version, response)
+            if carried:
+                response.throttle_time_ms = max(response.throttle_time_ms, throttle)
+            _throttle(throttle, carried)
+        return response
 
     def data_arrived(self) -> None:
         """Wake long-polling fetches: new records, or a high watermark that moved."""
@@ -240,7 +280,10 @@ class KafkaApis:
         order. Each partition's records from all of them go into its log in one write
         (Partition.append_produced); each request is then answered as it would be alone,
         acks=-1 waiting for its own partitions. With RDMA produce on, records go through
-        its reservations one partition at a time."""
+        its reservations one partition at a time. Under client quotas each request is
+        metered on its record bytes and its share of the time taken to append them, before
+        any wait for replication."""
+        started = time.perf_counter()
         answers: list[list[tuple[str, list[PartitionResult]]]] = []
         replicating: list[list[_Replicating]] = []
         appends: dict[Partition, list[_Append]] = {}
@@ -298,8 +341,14 @@ class KafkaApis:
         for results in answers:  # appended or refused; replication is not waited for yet
             for name, partition_results in results:
                 self.metrics.produce_answered(name, partition_results)
+        throttles = [0] * len(requests)
+        if self.client_quotas is not None:
+            share = (time.perf_counter() - started) / len(requests)
+            throttles = [self._produce_throttle(header, r, share) for header, r in requests]
         responses: list[Response] = []
-        for (header, request), results, waits in zip(requests, answers, replicating, strict=True):
+        for (header, request), results, waits, throttle in zip(
+            requests, answers, replicating, throttles, strict=True
+        ):
             if waits:
                 await self._wait_replicated(waits, request.timeout_ms / 1000)
             if request.acks == 0:
@@ -309,8 +358,31 @@ class KafkaApis:
                     raise CloseConnectionError(f"acks=0 produce failed for {failed}")
                 responses.append(None)
             else:
-                responses.append([encode_produce_response(header.api_version, results)])
+                responses.append([encode_produce_response(header.api_version, results, throttle)])
         return responses
+
+    def _produce_throttle(
+        self, header: RequestHeader, request: ProduceRequest, seconds: float
+    ) -> int:
+        """Charge a produce request to its client's byte rate and request time quotas; the
+        longer throttle, which the connection is muted for (Kafka mutes an acks=0
+        producer's connection too, though no answer tells it)."""
+        quotas = self.client_quotas
+        assert quotas is not None
+        user, client_id = _quota_client(header)
+        size = sum(
+            len(p.records) for t in request.topic_data for p in t.partition_data if p.records
+        )
+        by_bytes = quotas.record(QuotaKind.PRODUCE, user, client_id, size)
+        by_time = quotas.record(QuotaKind.REQUEST, user, client_id, seconds)
+        if by_bytes:
+            self.metrics.quota_throttled("produce", by_bytes)
+        if by_time:
+            self.metrics.quota_throttled("request", by_time)
+        throttle = max(by_bytes, by_time)
+        if throttle:
+            _throttle(throttle, header.api_version >= 1)
+        return throttle
 
     def _producible(
         self, header: RequestHeader, acks: int, topic: str, data: ProducePartitionData
@@ -451,26 +523,58 @@ class KafkaApis:
         version = header.api_version
         deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
         max_bytes = request.max_bytes if version >= 3 else 0x7FFFFFFF
+        handled = 0.0  # seconds spent reading, for a request time quota
         while True:
             waiter = self._data_arrived
+            started = time.perf_counter()
             read = self._read_fetch(request, version, max_bytes)
+            handled += time.perf_counter() - started
             remaining = deadline - time.monotonic()
             if read.failed or read.remote or read.total >= request.min_bytes or remaining <= 0:
                 break
             if not await wait_event(waiter, remaining):
+                started = time.perf_counter()
                 read = self._read_fetch(request, version, max_bytes)
+                handled += time.perf_counter() - started
                 break
         # Counted once the answer is final, before anything else may read (no await since).
         self.replicas.quotas.leader.record(read.throttled)
         topics, remote = read.topics, read.remote
         if remote:
             await self._read_remote(remote, version)
-        if version < 10 and _replica_id(request, version) < 0:
-            await asyncio.to_thread(self._for_old_consumer, topics, version)
         follower = _replica_id(request, version) >= 0
+        if self.client_quotas is not None and not follower:
+            throttle = self._fetch_throttle(header, topics, handled)
+            if throttle:  # Kafka's answer over quota: no data at all, nothing charged
+                return encode_fetch_response(version, ErrorCode.NONE, [], throttle)
+        if version < 10 and not follower:
+            await asyncio.to_thread(self._for_old_consumer, topics, version)
         for topic in topics:
             self.metrics.fetch_answered(topic.name, topic.partitions, follower)
         return encode_fetch_response(version, ErrorCode.NONE, topics)
+
+    def _fetch_throttle(
+        self, header: RequestHeader, topics: list[TopicData], seconds: float
+    ) -> int:
+        """A consumer's fetch against its byte rate and request time quotas: the longer
+        throttle the answer would earn, the bytes charged only when there is none (Kafka
+        answers a fetch over quota with no data, so it costs nothing)."""
+        quotas = self.client_quotas
+        assert quotas is not None
+        user, client_id = _quota_client(header)
+        size = sum(p.records_size for topic in topics for p in topic.partitions)
+        by_bytes = quotas.throttle_ms(QuotaKind.FETCH, user, client_id, size)
+        by_time = quotas.record(QuotaKind.REQUEST, user, client_id, seconds)
+        if by_bytes:
+            self.metrics.quota_throttled("fetch", by_bytes)
+        if by_time:
+            self.metrics.quota_throttled("request", by_time)
+        throttle = max(by_bytes, by_time)
+        if throttle:
+            _throttle(throttle, header.api_version >= 1)
+        else:
+            quotas.record(QuotaKind.FETCH, user, client_id, size)
+        return throttle
 
     def _read_fetch(self, request: Any, version: int, max_bytes: int) -> _FetchRead:
         """One pass over the partitions a fetch asks for. A follower outside the ISR of a
@@ -1762,6 +1866,66 @@ def _holds(
     return all(configs.get(k) == v for k, v in alteration.set.items()) and not any(
         k in configs for k in alteration.delete
     )
+
+
+def _quota_client(header: RequestHeader) -> tuple[str, str]:
+    """Who a request is metered as: the principal's name (ANONYMOUS unauthenticated) and
+    the client id of its header."""
+    session = SESSION.get()
+    user = ANONYMOUS_USER if session is None else session.principal.partition(":")[2]
+    return user, header.client_id or ""
+
+
+def _throttle(throttle_ms: int, carried: bool) -> None:
+    """Tell the server to throttle this connection (THROTTLE): the longest throttle of the
+    answers made, which carry it only if they all do."""
+    held_ms, all_carried = THROTTLE.get()
+    THROTTLE.set((max(held_ms, throttle_ms), all_carried and carried))
+
+
+def _carries_throttle(api: Api, version: int, response: Response) -> bool:
+    """Whether the answer has a throttle_time_ms field in its version."""
+    if response is None or isinstance(response, list):
+        return False
+    field = api.response.fields.get("throttle_time_ms")
+    return field is not None and bool(field.for_version_q(version))
+
+
+class _Timed:
+    """Awaits a handler and adds up the time it runs, leaving out the time it waits (for
+    a rebalance, the controller, a replication): Kafka's request handler time, which a
+    request_percentage quota meters. Each resumption is timed, so a handler that
+    interleaves with other connections' is charged for its own steps only."""
+
+    __slots__ = ("_handler", "seconds")
+
+    def __init__(self, handler: Awaitable[Response]) -> None:
+        self._handler = handler
+        self.seconds = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Response]:
+        steps = self._handler.__await__()
+        clock = time.perf_counter
+        sent: Any = None
+        thrown: BaseException | None = None
+        try:
+            while True:
+                started = clock()
+                try:
+                    waiting = steps.send(sent) if thrown is None else steps.throw(thrown)
+                except StopIteration as done:
+                    return done.value
+                finally:
+                    self.seconds += clock() - started
+                sent, thrown = None, None
+                try:
+                    sent = yield waiting
+                except GeneratorExit:
+                    raise
+                except BaseException as error:  # a cancellation goes on into the handler
+                    thrown = error
+        finally:
+            steps.close()
 
 
 def _replica_id(request: Any, version: int) -> int:

@@ -33,7 +33,7 @@ from services.broker.authentication import (
     stored_credentials,
 )
 from services.broker.authorization import Access
-from services.broker.cluster_metadata import ClusterImage
+from services.broker.cluster_metadata import ClusterImage, SecurityKind
 from services.broker.controller_link import ControllerLink
 from services.broker.groups.coordinator import CoordinatorSettings, GroupCoordinator
 from services.broker.groups.group import GroupLimits
@@ -42,6 +42,7 @@ from services.broker.groups.offsets_topic import OFFSETS_TOPIC
 from services.broker.kafka_exporter import KafkaExporterMetrics
 from services.broker.metrics import BrokerMetrics
 from services.broker.producer_ids import ProducerIdAllocator
+from services.broker.quotas import QuotaManager
 from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
@@ -152,6 +153,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         producer_ids,
         access,
     )
+    follow_client_quotas(apis, image, QuotaManager())
     replicas.link = link
     if settings.rdma_produce:
         apis.rdma = RdmaProduce(settings, replicas, metrics)
@@ -248,6 +250,19 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         fsyncs.shutdown(wait=True)  # a flush still running must end before the logs close
         logs.close()
         log.info("stopped cleanly")
+
+
+def follow_client_quotas(apis: KafkaApis, image: ClusterImage, quotas: QuotaManager) -> None:
+    """Enforce the image's client quotas from the moment it takes them; with none
+    configured the request path does not consult the manager at all."""
+
+    def changed(kinds: frozenset[SecurityKind]) -> None:
+        if SecurityKind.CLIENT_QUOTAS in kinds:
+            quotas.configure(image.client_quotas)
+            apis.client_quotas = quotas if image.client_quotas else None
+
+    changed(frozenset({SecurityKind.CLIENT_QUOTAS}))
+    image.on_security_change.append(changed)
 
 
 def coordinator_settings(settings: BrokerSettings) -> CoordinatorSettings:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from services.broker.groups.coordinator import GroupCoordinator
     from services.broker.replica_manager import ReplicaManager
 
+# Client quota throttles run from a few ms to the quota's whole window and beyond.
+_THROTTLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
 # The one listener and the one event loop, named as Kafka's socket-server-metrics name them.
 LISTENER = "PLAINTEXT"
 NETWORK_PROCESSOR = "0"
@@ -281,6 +284,17 @@ class BrokerMetrics:
             registry=r,
         )
 
+        # Client quotas (services/broker/quotas.py): Kafka's per-client throttle-time
+        # sensors of its Produce, Fetch and Request quota managers, summed over clients.
+        self.quota_throttle_time = Histogram(
+            "directlog_broker_quota_throttle_time_seconds",
+            "Throttle times given to clients over a client quota, by quota kind "
+            "(produce, fetch, request)",
+            ["kind"],
+            buckets=_THROTTLE_BUCKETS,
+            registry=r,
+        )
+
         # Labelled children looked up once: labels() costs more than the increment itself.
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         # Produce and fetch counts by topic, bumped on the event loop only.
@@ -423,6 +437,10 @@ class BrokerMetrics:
 
     def pulled(self, tp: TopicPartition, size: int) -> None:
         self.replica_pulled_bytes.labels(tp.topic, str(tp.partition)).inc(size)
+
+    def quota_throttled(self, kind: str, throttle_ms: int) -> None:
+        """A client over its ``kind`` quota throttled for ``throttle_ms``."""
+        self.quota_throttle_time.labels(kind).observe(throttle_ms / 1000)
 
     def request_error(self, api: str, code: ErrorCode) -> None:
         self.errors.labels(api, code.name).inc()

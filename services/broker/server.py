@@ -31,7 +31,13 @@ from directlog.protocol.errors import ErrorCode
 from directlog.records.errors import RecordError
 from directlog.security.channel import Channel, TlsChannel, TlsHandshakeError
 from directlog.waits import within
-from services.broker.apis import LISTENER, CloseConnectionError, KafkaApis
+from services.broker.apis import (
+    LISTENER,
+    NOT_THROTTLED,
+    THROTTLE,
+    CloseConnectionError,
+    KafkaApis,
+)
 from services.broker.authentication import (
     NO_SASL,
     PLAINTEXT,
@@ -193,6 +199,9 @@ class KafkaServer:
                 raise
             if frame[:2] == _PRODUCE_KEY:
                 produces.append(frame)
+                if self.apis.client_quotas is not None:  # metered and muted one by one
+                    outbox = await self._produce(channel, produces, outbox, client_host)
+                    produces = []
                 continue
             if produces:
                 outbox = await self._produce(channel, produces, outbox, client_host)
@@ -222,10 +231,24 @@ class KafkaServer:
         arrived together (pipelined produces) leave in one send; returns what is unsent."""
         started = time.perf_counter()
         parts, api_name, version = await self.respond(frame, client_host, session)
+        throttle_ms, carried = _taken_throttle()
+        if throttle_ms and not carried:  # an answer that cannot say so is held back instead
+            outbox = await self._mute(channel, outbox, throttle_ms)
         if parts is not None:
             outbox = await self._send(channel, parts, outbox)
         self.metrics.request(api_name, version, time.perf_counter() - started)
+        if throttle_ms and carried:
+            outbox = await self._mute(channel, outbox, throttle_ms)
         return outbox
+
+    async def _mute(self, channel: Channel, outbox: bytearray, throttle_ms: int) -> bytearray:
+        """A client over its quota (services/broker/quotas.py): send what is queued, then
+        read nothing more from the connection for ``throttle_ms``, as Kafka mutes the
+        channel (KIP-219); the frames already received wait too."""
+        if outbox:
+            await channel.sendall(outbox)
+        await asyncio.sleep(throttle_ms / 1000)
+        return bytearray()
 
     async def _produce(
         self,
@@ -244,6 +267,9 @@ class KafkaServer:
             assert header.api is not None
             requests.append((header, self._decode(frame, header, header.api)))
         responses = await self.apis.produce_all(requests)
+        throttle_ms, carried = _taken_throttle()
+        if throttle_ms and not carried:
+            outbox = await self._mute(channel, outbox, throttle_ms)
         versions: dict[int, int] = {}
         for (header, _), response in zip(requests, responses, strict=True):
             if response is not None:
@@ -256,6 +282,8 @@ class KafkaServer:
         seconds = time.perf_counter() - started
         for version, count in versions.items():
             self.metrics.request("produce", version, seconds, count)
+        if throttle_ms and carried:
+            outbox = await self._mute(channel, outbox, throttle_ms)
         return outbox
 
     async def respond(
@@ -333,6 +361,14 @@ class KafkaServer:
             else:
                 await channel.sendall(part)
         return outbox
+
+
+def _taken_throttle() -> tuple[int, bool]:
+    """The throttle the handlers just set for this connection (apis.THROTTLE), reset."""
+    throttle = THROTTLE.get()
+    if throttle[0]:
+        THROTTLE.set(NOT_THROTTLED)
+    return throttle
 
 
 def _frame(payload: bytes) -> bytes:
