@@ -89,6 +89,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.down_conversion
 	$(PY) -m bench.spark
 	$(PY) -m bench.traffic_delays
+	$(PY) -m bench.security
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.
