@@ -10,7 +10,7 @@ Layout (little-endian, docs/rdma.md has the same table):
     entry i at 64 + 256 * i:
         0  ctl u64       generation << 8 | state (0 free, 1 valid, 2 revoked)
         8  inflight u64  ops between admit() and finish()
-        16 rkey u32      (tag << 16) | i, the tag changes at each registration of slot i
+        16 rkey u32      random, nonzero, rkey % capacity == i (see RegionTable.publish)
         20 access u32    Access flags
         24 pd u32        protection domain handle
         28 path_len u32
@@ -39,9 +39,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import secrets
 import struct
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,10 +119,8 @@ class TableView:
             os.close(fd)
 
     def lookup(self, rkey: int) -> Entry | None:
-        """The valid entry ``rkey`` names, or None (unknown, stale tag, revoked)."""
-        slot = rkey & 0xFFFF
-        if slot >= self.capacity:
-            return None
+        """The valid entry ``rkey`` names, or None (unknown, stale, revoked)."""
+        slot = rkey % self.capacity
         at = entry_offset(slot)
         for _ in range(64):  # an owner rewrites an entry in microseconds
             ctl = _atomics.load(self.buf, at + CTL_AT)
@@ -175,21 +173,30 @@ class RegionTable:
             os.close(fd)
         HEADER.pack_into(self.buf, 0, MAGIC, VERSION, ENTRY_SIZE, capacity, os.getpid())
         self.view = TableView(self.buf)
-        self._free: deque[int] = deque(range(capacity))
-        self._tags = [0] * capacity
+        self.capacity = capacity
+        self._free = list(range(capacity))
+        self._last_rkey = [0] * capacity
 
     def publish(
         self, *, access: Access, pd: int, addr: int, length: int, path: str, file_offset: int
     ) -> int:
-        """Make a region reachable; its rkey."""
+        """Make a region reachable; its rkey: a free slot and a multiple of the capacity
+        above it, both drawn from `secrets`, so no rkey tells anything of the next one (a
+        peer holding earlier grants cannot guess a live one). rkey % capacity names the
+        slot, so live rkeys are unique, and a slot never gets its previous rkey again."""
         encoded = path.encode()
         if len(encoded) > PATH_MAX:
             raise RegistrationError(f"region file path longer than {PATH_MAX} bytes: {path}")
         if not self._free:
             raise RegistrationError("region table full: deregister regions first")
-        slot = self._free.popleft()
-        self._tags[slot] = self._tags[slot] % 0xFFFF + 1
-        rkey = self._tags[slot] << 16 | slot
+        pick = secrets.randbelow(len(self._free))
+        self._free[pick], self._free[-1] = self._free[-1], self._free[pick]
+        slot = self._free.pop()
+        multiples = ((1 << 32) - 1 - slot) // self.capacity + 1  # at least 65536
+        rkey = 0
+        while rkey in (0, self._last_rkey[slot]):  # redrawn with odds of 2 in 65536 at most
+            rkey = secrets.randbelow(multiples) * self.capacity + slot
+        self._last_rkey[slot] = rkey
         at = entry_offset(slot)
         generation = _atomics.load(self.buf, at + CTL_AT) >> 8
         FIELDS.pack_into(
@@ -202,7 +209,7 @@ class RegionTable:
     def revoke(self, rkey: int, drain_timeout: float) -> bool:
         """Refuse every later access to ``rkey`` and wait for admitted ones to finish. False
         when they did not within ``drain_timeout``: the slot is then retired."""
-        slot = rkey & 0xFFFF
+        slot = rkey % self.capacity
         at = entry_offset(slot)
         generation = _atomics.load(self.buf, at + CTL_AT) >> 8
         _atomics.store(self.buf, at + CTL_AT, (generation + 1) << 8 | REVOKED)

@@ -8,7 +8,9 @@ nothing are User:ANONYMOUS, as in Kafka.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from directlog.protocol.api import ApiKey, RequestHeader
 from directlog.protocol.client import ClientSecurity, SaslLogin
 from directlog.protocol.errors import ErrorCode
 from directlog.rpc import controller_pb2 as pb
-from directlog.security.sasl import Credentials, SaslServer, UnsupportedSaslMechanismError
+from directlog.security.sasl import PLAIN, Credentials, SaslServer, UnsupportedSaslMechanismError
 from directlog.security.scram import (
     IllegalSaslStateError,
     SaslError,
@@ -32,6 +34,8 @@ from services.broker.settings import BrokerSettings, ListenerSettings
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.sasl import SaslAuthenticateResponse, SaslHandshakeResponse
+
+log = logging.getLogger(__name__)
 
 ANONYMOUS = "User:ANONYMOUS"
 # What a connection may send before it has authenticated (Kafka's rule).
@@ -136,11 +140,79 @@ class Session:
         self.raw_tokens = False  # after SaslHandshake v0: tokens come as bare frames
         self._reauth_capable = False  # the client used SaslAuthenticate v1+
         self._expires: float | None = None  # when the session ends without re-authentication
+        self._watchers: dict[object, Callable[[str], None]] = {}
+        self._expiry: asyncio.TimerHandle | None = None  # armed while watchers wait
+        self._closed = False
 
     @property
     def frame_limit(self) -> int | None:
         """The largest frame to accept now (None: the listener's usual limit)."""
         return None if self.authenticated else self.settings.max_receive_size
+
+    @property
+    def sasl(self) -> bool:
+        """Whether the principal comes from a SASL login: one that can end (an expired
+        lifetime, deleted credentials)."""
+        return self._sasl is not None
+
+    def credentials_exist(self) -> bool:
+        """Whether the credentials the SASL login was checked against are still stored
+        (PLAIN: any of the user's); True for a session without a login."""
+        mechanism = self._sasl.mechanism if self._sasl is not None else None
+        if mechanism is None or not self.authenticated:
+            return True
+        user = self.principal.removeprefix("User:")
+        if mechanism == PLAIN:
+            return any(self.settings.credentials(user, m) is not None for m in ScramMechanism)
+        return self.settings.credentials(user, ScramMechanism.from_name(mechanism)) is not None
+
+    def on_end(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(why)`` once, when the session ends: its connection closes, or its
+        lifetime passes without a re-authentication. For what outlives a request on the
+        session's authority (RDMA grants). Returns what cancels the call; needs a running
+        event loop."""
+        key = object()
+        self._watchers[key] = callback
+        if self._closed:
+            asyncio.get_running_loop().call_soon(self._end, "its connection closed")
+        else:
+            self._arm_expiry()
+
+        def cancel() -> None:
+            self._watchers.pop(key, None)
+
+        return cancel
+
+    def end(self) -> None:
+        """The connection closed (the server calls this once)."""
+        self._closed = True
+        self._end("its connection closed")
+
+    def _arm_expiry(self) -> None:
+        if self._expires is None or self._expiry is not None or not self._watchers:
+            return
+        delay = max(self._expires - self._clock(), 0.0)
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expiry_due)
+
+    def _expiry_due(self) -> None:
+        self._expiry = None
+        if self._expires is None:
+            return
+        if self._clock() < self._expires:
+            self._arm_expiry()  # re-authenticated meanwhile
+        else:
+            self._end(f"its session expired ({self.principal} did not re-authenticate)")
+
+    def _end(self, why: str) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        watchers, self._watchers = self._watchers, {}
+        for callback in watchers.values():
+            try:
+                callback(why)
+            except Exception:
+                log.exception("a session end callback of %s failed", self.principal)
 
     def admit(self, api_key: int) -> None:
         """Raise AuthenticationClosedError for a request this connection may not send now:

@@ -164,6 +164,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     if settings.rdma_consume:
         apis.rdma_reads = RdmaConsume(settings, replicas, metrics)
         replicas.leadership_listeners.append(apis.rdma_reads.leadership_changed)
+    recheck_rdma_grants(apis, image, access)
     tiering: grpc.aio.Server | None = None
     tiering_line = ""
     if settings.remote_log_storage_system_enable:
@@ -262,6 +263,26 @@ def follow_client_quotas(apis: KafkaApis, image: ClusterImage, quotas: QuotaMana
             apis.client_quotas = quotas if image.client_quotas else None
 
     changed(frozenset({SecurityKind.CLIENT_QUOTAS}))
+    image.on_security_change.append(changed)
+
+
+def recheck_rdma_grants(apis: KafkaApis, image: ClusterImage, access: Access | None) -> None:
+    """Revoke the RDMA grants whose holders lost their authority the moment the image takes
+    an ACL or SCRAM change: a grant bypasses the per-request checks and re-authentication
+    (docs/security.md, "RDMA grants"). Registered after `access` follows the image, so
+    the authorizer already has the new ACLs."""
+
+    def changed(kinds: frozenset[SecurityKind]) -> None:
+        if not kinds & {SecurityKind.ACLS, SecurityKind.SCRAM_CREDENTIALS}:
+            return
+        authorizer = access.authorizer if access is not None else None
+        for grants in (apis.rdma, apis.rdma_reads):
+            if grants is not None:
+                try:
+                    grants.recheck(authorizer)
+                except Exception:  # the image is applied: the other grants still count
+                    log.exception("RDMA grants not rechecked")
+
     image.on_security_change.append(changed)
 
 

@@ -174,6 +174,8 @@ class KafkaServer:
         finally:
             self.metrics.connection_closed()
             connection.close()
+            if (session_of_connection := SESSION.get()) is not None:
+                session_of_connection.end()  # what its authority granted ends with it
 
     async def _frames(
         self,

@@ -20,6 +20,11 @@ immediate = id); when that queue pair fails or disconnects, or none names the id
 the consumer's slot region is deregistered and every segment it held released. A segment
 no consumer holds is deregistered.
 
+A consumer whose authority ends (docs/security.md, "RDMA grants": its principal may no
+longer READ a topic it holds, its SASL credentials were deleted, its session ended) is
+dropped likewise, and the segments it shared with others are registered anew: their old
+rkeys, which it knows, read nothing from then on.
+
 Threads: one accepts queue pairs, one polls the completion queue (receives only); both hand
 what they get to the event loop, which owns all state. Log changes reach it through
 PartitionLog listeners (called on the loop, except compaction's, which are deferred to it).
@@ -32,6 +37,7 @@ import logging
 import secrets
 import threading
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,10 +63,14 @@ from directlog.rdma import (
     RdmaError,
     WorkCompletion,
 )
+from directlog.security.acl import Operation
 from directlog.topics import TopicPartition
+from services.broker.authentication import SESSION, Session
+from services.broker.authorizer import Authorizer
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
 from services.broker.rdma.endpoint import RdmaEndpoint
+from services.broker.rdma.produce import authority_lost, session_holding
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
 from services.broker.storage import PartitionLog
@@ -121,6 +131,8 @@ class Consumer:
     holdings: dict[tuple[TopicPartition, int], Holding] = field(default_factory=dict)
     qp: QueuePair | None = None
     timer: asyncio.TimerHandle | None = None
+    session: Session | None = None  # the session it is held on (session_holding)
+    unwatch: Callable[[], None] | None = None  # stops watching that session's end
 
 
 class RdmaConsume:
@@ -183,6 +195,11 @@ class RdmaConsume:
         partition = self.replicas.leader_partition(request.topic, request.partition)
         created = request.consumer_id == NEW_CONSUMER
         consumer = self._new_consumer() if created else self._consumer(request.consumer_id)
+        if consumer.session is not None and consumer.session is not SESSION.get():
+            raise KafkaError(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"RDMA consumer {consumer.consumer_id} belongs to another session",
+            )
         try:
             holding, position = self._grant(consumer, partition, request.offset)
         except BaseException:
@@ -322,10 +339,14 @@ class RdmaConsume:
             raise KafkaError(
                 ErrorCode.POLICY_VIOLATION, f"no slot region for a consumer: {error}"
             ) from None
-        consumer = Consumer(consumer_id, slots)
+        consumer = Consumer(consumer_id, slots, session=session_holding(self.settings))
         consumer.timer = self._loop.call_later(
             self.connect_timeout, self._drop_consumer, consumer, "no queue pair named it in time"
         )
+        if consumer.session is not None:
+            consumer.unwatch = consumer.session.on_end(
+                lambda why: self._cut_off(consumer, f"its session ended: {why}")
+            )
         self._consumers[consumer_id] = consumer
         return consumer
 
@@ -398,17 +419,23 @@ class RdmaConsume:
         if self._register_anew(access, segment, "the written-back segment"):
             log.info("%s: segment %d registered anew, written back", access.tp, segment.base_offset)
 
-    def _register_anew(self, access: SegmentAccess, segment: LogSegment, what: str) -> bool:
-        """Register `segment`'s file as it is now (final size, read-only) in place of the
-        access's old registration, and tell its consumers; revoke the access if that
-        fails. Returns whether it succeeded."""
+    def _register_anew(
+        self, access: SegmentAccess, segment: LogSegment, what: str, length: int | None = None
+    ) -> bool:
+        """Register `segment`'s file in place of the access's old registration, and tell
+        its consumers: as it is now (final size, read-only) or, given `length`, the same
+        bytes under a new rkey. Revoke the access if that fails. Returns whether it
+        succeeded."""
+        size = segment.size if length is None else length
         try:
-            region = self._pd.register_file(segment.log.path, segment.size, Access.REMOTE_READ)
+            region = self._pd.register_file(segment.log.path, size, Access.REMOTE_READ)
         except RdmaError as error:
             self._revoke(access, f"cannot register {what}: {error}")
             return False
         access.region.deregister()
-        access.region, access.mutable = region, False
+        access.region = region
+        if length is None:
+            access.mutable = False
         self._update_slots(access)
         return True
 
@@ -448,6 +475,34 @@ class RdmaConsume:
             del self._accesses[access.plog]
             access.plog.listeners.remove(self)
 
+    # Authority ---------------------------------------------------------------------------
+
+    def recheck(self, authorizer: Authorizer | None) -> None:
+        """Cut off every consumer that lost its authority: READ on a topic it holds by
+        ``authorizer`` (the ACLs just taken; None when ACLs are not checked), or the
+        credentials of its SASL login."""
+        for consumer in list(self._consumers.values()):
+            session = consumer.session
+            if session is None:
+                continue
+            topics = sorted({holding.access.tp.topic for holding in consumer.holdings.values()})
+            error = authority_lost(session, authorizer, Operation.READ, topics)
+            if error is not None:
+                self._cut_off(consumer, f"{session.principal}: {error}")
+
+    def _cut_off(self, consumer: Consumer, reason: str) -> None:
+        """Drop a consumer whose authority ended, and give the segments it shared with
+        other consumers new rkeys, so nothing it learned reads anything any more."""
+        shared = [
+            holding.access
+            for holding in consumer.holdings.values()
+            if not holding.access.revoked and len(holding.access.holders) > 1
+        ]
+        self._drop_consumer(consumer, reason)
+        for access in shared:
+            length = access.region.length
+            self._register_anew(access, access.segment, "the segment (new rkey)", length)
+
     def _release_holding(self, holding: Holding) -> None:
         consumer, access = holding.consumer, holding.access
         del consumer.holdings[access.key]
@@ -464,6 +519,8 @@ class RdmaConsume:
         if self._consumers.get(consumer.consumer_id) is not consumer:
             return
         del self._consumers[consumer.consumer_id]
+        if consumer.unwatch is not None:
+            consumer.unwatch()
         if consumer.timer is not None:
             consumer.timer.cancel()
         for holding in list(consumer.holdings.values()):

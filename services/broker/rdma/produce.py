@@ -17,7 +17,9 @@ A grant is revoked (its memory deregistered so later writes fail at the provider
 uncommitted bytes zeroed, its writers told) when: an exclusive writer's queue pair fails
 or disconnects, an immediate names another file or an order out of range, a write
 overruns the region, a batch fails validation, a hole times out, the partition's
-leadership moves, or no queue pair uses an exclusive grant in time.
+leadership moves, or no queue pair uses an exclusive grant in time; and when a writer's
+authority ends (docs/security.md, "RDMA grants"): its principal may no longer WRITE the
+topic, its SASL credentials were deleted, or its session ended.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.rdma_access import (
@@ -47,7 +51,11 @@ from directlog.rdma import (
     WorkCompletion,
 )
 from directlog.records.varint import Buffer
+from directlog.security.acl import Operation, ResourceType
 from directlog.topics import TopicPartition
+from services.broker.authentication import SESSION, Session
+from services.broker.authorization import denied
+from services.broker.authorizer import Authorizer
 from services.broker.error_codes import error_code_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
@@ -71,6 +79,36 @@ OFFSET_MASK = ORDER_ONE - 1
 MAX_AHEAD = MAX_CONNECTIONS * MAX_IN_FLIGHT  # orders a shared grant buffers past a hole
 ABORTED = ErrorCode.REQUEST_TIMED_OUT  # what writers hear when others' faults end a grant
 REPLICATION_TIMEOUT = 30.0  # acks=-1: as a Kafka producer's request.timeout.ms default
+
+
+def session_holding(settings: BrokerSettings) -> Session | None:
+    """The session a grant made now belongs to and ends with: the requester's, when its
+    authority can change (the broker checks ACLs, or it logged in with SASL). None: the
+    grant outlives the connection that asked for it, as an unauthenticated client's grant
+    on a broker without the authorizer always has."""
+    session = SESSION.get()
+    if session is not None and (settings.authorizer_enabled or session.sasl):
+        return session
+    return None
+
+
+def authority_lost(
+    session: Session, authorizer: Authorizer | None, operation: Operation, topics: Iterable[str]
+) -> KafkaError | None:
+    """Why the session may no longer hold grants on ``topics`` needing ``operation``
+    (``authorizer``: None when ACLs are not checked), or None while it may."""
+    if not session.credentials_exist():
+        return KafkaError(
+            ErrorCode.SASL_AUTHENTICATION_FAILED,
+            f"the credentials {session.principal} logged in with were deleted",
+        )
+    if authorizer is None:
+        return None
+    principal, host = session.principal, session.client_host
+    for topic in topics:
+        if not authorizer.authorize(principal, host, operation, ResourceType.TOPIC, topic):
+            return denied(operation, ResourceType.TOPIC, topic)
+    return None
 
 
 @dataclass(eq=False, slots=True)
@@ -120,6 +158,8 @@ class Writer:
     replicating: deque[tuple[int, AppendResult]] = field(default_factory=deque)
     replier: asyncio.Task[None] | None = None
     failure: int | None = None  # to tell once the replicating replies went out
+    session: Session | None = None  # the session the grant is held on (session_holding)
+    unwatch: Callable[[], None] | None = None  # stops watching that session's end
 
     @property
     def slots(self) -> int:
@@ -301,6 +341,9 @@ class RdmaProduce:
             request.acks,
         )
         writer.timer = self._loop.call_later(self.connect_timeout, self._writer_unused, writer)
+        writer.session = session_holding(self.settings)
+        if writer.session is not None:
+            writer.unwatch = writer.session.on_end(partial(self._session_ended, writer))
         grant.writers.append(writer)
         self._writers[writer.file_id] = writer
         return writer
@@ -316,6 +359,35 @@ class RdmaProduce:
         grant = self._grants.get(partition.tp)
         if grant is not None and (not partition.is_leader or grant.partition is not partition):
             self._revoke(grant, "leadership moved", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+
+    # Authority ---------------------------------------------------------------------------
+
+    def recheck(self, authorizer: Authorizer | None) -> None:
+        """Revoke every open grant one of whose writers lost its authority: WRITE on the
+        topic by ``authorizer`` (the ACLs just taken; None when ACLs are not checked), or
+        the credentials of its SASL login. A shared grant goes whole, since its writers
+        share one region and one cut off must not write into the others' reservations:
+        they hear ABORTED and ask again, it hears why."""
+        for grant in list(self._grants.values()):
+            lost: dict[Writer | None, int | None] = {}
+            reason = ""
+            for writer in grant.writers:
+                if writer.session is None:
+                    continue
+                topics = (grant.partition.tp.topic,)
+                error = authority_lost(writer.session, authorizer, Operation.WRITE, topics)
+                if error is not None:
+                    lost[writer] = error.code
+                    reason = reason or f"{writer.session.principal}: {error}"
+            if lost:
+                self._revoke(grant, reason, ABORTED, lost)
+
+    def _session_ended(self, writer: Writer, why: str) -> None:
+        """A grant lasts no longer than the session of any of its writers (not counted as
+        a revocation: a producer closing ends its connection too)."""
+        if self._writers.get(writer.file_id) is writer and writer.grant.open:
+            reason = f"the session of writer {writer.file_id} ended: {why}"
+            self._revoke(writer.grant, reason, ABORTED, {writer: None}, fault=False)
 
     # Kafka-protocol produces -------------------------------------------------------------
 
@@ -399,8 +471,7 @@ class RdmaProduce:
                 grant,
                 f"immediate names file {file_id}, the writer holds {writer.file_id}",
                 ABORTED,
-                writer,
-                ErrorCode.INVALID_REQUEST,
+                {writer: ErrorCode.INVALID_REQUEST},
             )
         elif grant.open:
             self._arrive(grant, order, Arrival(wc.byte_len, writer))
@@ -429,8 +500,7 @@ class RdmaProduce:
                 grant,
                 f"order {order} where {grant.next_order} is next",
                 ABORTED,
-                arrival.writer,
-                ErrorCode.INVALID_REQUEST,
+                {arrival.writer: ErrorCode.INVALID_REQUEST},
             )
             return
         grant.pending[order] = arrival
@@ -445,7 +515,7 @@ class RdmaProduce:
         if arrival.length == 0:
             if not grant.shared:
                 self._revoke(
-                    grant, "an empty write", ABORTED, arrival.writer, ErrorCode.INVALID_REQUEST
+                    grant, "an empty write", ABORTED, {arrival.writer: ErrorCode.INVALID_REQUEST}
                 )
                 return
             self._answer(arrival, order, None)
@@ -458,7 +528,7 @@ class RdmaProduce:
         except Exception as error:
             if arrival.result is not None and not arrival.result.done():
                 arrival.result.set_exception(error)  # the produce's own bytes were bad
-            self._revoke(grant, str(error), ABORTED, arrival.writer, error_code_for(error))
+            self._revoke(grant, str(error), ABORTED, {arrival.writer: error_code_for(error)})
             return
         self._answer(arrival, order, result)
 
@@ -597,13 +667,14 @@ class RdmaProduce:
         grant: Grant,
         reason: str,
         code: int | None,
-        culprit: Writer | None = None,
-        culprit_code: int | None = None,
+        culprits: Mapping[Writer | None, int | None] | None = None,
         fault: bool = True,
     ) -> None:
-        """End ``grant`` for a fault: its writers hear ``code`` (``culprit``, whose write
-        caused it, hears ``culprit_code``) and stop; produces waiting in it go again.
-        Without `fault` (an exclusive grant whose writer just left) the same, but neither
+        """End ``grant`` for a fault: its writers hear ``code`` (``culprits``, whose write
+        or lost authority caused it, hear their own code) and stop; produces waiting in it
+        go again.
+        Without `fault` (an exclusive grant whose writer just left, a writer's session
+        that ended) the same, but neither
         counted as a revocation nor logged as a warning."""
         if not grant.open:
             return
@@ -612,7 +683,7 @@ class RdmaProduce:
         why = f"revoked: {reason}" if fault else f"ended: {reason}"
         self._close(grant, why, revoked=True, warn=fault)
         for writer in list(grant.writers):
-            told = culprit_code if writer is culprit else code
+            told = culprits[writer] if culprits and writer in culprits else code
             if told is None or told == ErrorCode.NONE:
                 if writer.qp is not None:
                     self._drop_qp(writer.qp.qp_num, reason)
@@ -681,6 +752,8 @@ class RdmaProduce:
         if self._writers.get(writer.file_id) is not writer:
             return
         del self._writers[writer.file_id]
+        if writer.unwatch is not None:
+            writer.unwatch()
         if writer.timer is not None:
             writer.timer.cancel()
         if writer.replier is not None:

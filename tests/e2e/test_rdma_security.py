@@ -1,0 +1,475 @@
+"""RDMA grants under the authorizer, as an attacker who once held one would probe them: a
+SASL principal asks for RDMA access on its own Kafka connection, gets it only with the ACL
+the Produce or Fetch it replaces needs, and loses it — memory deregistered, queue pair
+disconnected — when the ACL is deleted, its credentials are deleted, its connection closes
+or its session expires. Each revocation is followed by a write (or a READ) with what the
+grant had told, and the log read back through Kafka shows nothing of it. Remote keys of
+successive grants tell nothing of each other.
+
+The harness works through the PLAINTEXT listener as User:ANONYMOUS, a super user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import (
+    AclOperation,
+    ResourcePatternType,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+)
+
+from directlog.client.rdma_produce import REPLY_SIZE
+from directlog.protocol import rdma_access, rdma_consume
+from directlog.protocol.client import ClientSecurity, KafkaConnection, SaslLogin
+from directlog.protocol.errors import ErrorCode
+from directlog.protocol.rdma_access import EXCLUSIVE, RdmaAccessRequest, RdmaAccessResponse
+from directlog.protocol.rdma_consume import (
+    ACCESS,
+    NEW_CONSUMER,
+    SLOT_SIZE,
+    RdmaConsumeRequest,
+    RdmaConsumeResponse,
+    read_slot,
+)
+from directlog.rdma import (
+    Access,
+    CompletionQueue,
+    MemoryRegion,
+    Opcode,
+    ProtectionDomain,
+    QueuePair,
+    RdmaError,
+    WcStatus,
+    WorkCompletion,
+    open_context,
+)
+from tests.e2e.cluster import Cluster
+from tests.e2e.conftest import Clients, _stop_checked
+from tests.e2e.test_acls import AUTHORIZED, TOPIC, Secured, acl, acl_filter, user_of
+from tests.e2e.test_rdma_consume import produce
+from tests.e2e.test_rdma_produce import batches_of, values
+
+pytestmark = pytest.mark.timeout(180)
+
+SETTINGS = {
+    **AUTHORIZED,
+    "rdma_produce": True,
+    "rdma_consume": True,
+    "rdma_grant_max_bytes": 1 << 20,
+    "rdma_connect_timeout_ms": 10000,
+}
+PREALLOCATED = {"preallocate": "true"}
+REPLIES = 4  # reply slots per writer
+LITERAL = ResourcePatternType.LITERAL
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def secured_rdma(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Secured, str]]:
+    provider = request.param
+    settings = {**SETTINGS, "rdma_provider": provider}
+    cluster = Cluster(tmp_path_factory.mktemp(f"rdma-acl-{provider}"), broker_settings=settings)
+    cluster.start()
+    try:
+        yield Secured(cluster.brokers[0]), provider
+        _stop_checked(cluster.brokers[0])
+    finally:
+        cluster.stop()
+
+
+async def sasl_connection(address: str, login: dict[str, str]) -> KafkaConnection:
+    """A Kafka connection logged in with SASL PLAIN: the session grants are held on."""
+    host, port = address.rsplit(":", 1)
+    user, password = user_of(login)
+    security = ClientSecurity(sasl=SaslLogin("PLAIN", user, password), client_id="rdma-sec")
+    return await KafkaConnection.connect(host, int(port), 10.0, security)
+
+
+async def plain_connection(address: str) -> KafkaConnection:
+    host, port = address.rsplit(":", 1)
+    return await KafkaConnection.connect(host, int(port), 10.0)
+
+
+async def ask_write(
+    connection: KafkaConnection, topic: str, provider: str, replies: MemoryRegion
+) -> RdmaAccessResponse:
+    request = RdmaAccessRequest(
+        topic, 0, EXCLUSIVE, 1, (provider,), replies.addr, replies.rkey, REPLIES * REPLY_SIZE
+    )
+    correlation = connection.next_correlation_id()
+    frame = await connection.exchange(rdma_access.request_frame(request, correlation, "t"))
+    return rdma_access.decode_response_frame(frame, correlation)
+
+
+async def ask_read(
+    connection: KafkaConnection, topic: str, provider: str, consumer_id: int = NEW_CONSUMER
+) -> RdmaConsumeResponse:
+    request = RdmaConsumeRequest(topic, 0, ACCESS, consumer_id, 0, (provider,))
+    correlation = connection.next_correlation_id()
+    frame = await connection.exchange(rdma_consume.request_frame(request, correlation, "t"))
+    return rdma_consume.decode_response_frame(frame, correlation)
+
+
+def completions(cq: CompletionQueue, count: int, timeout: float = 10.0) -> list[WorkCompletion]:
+    found: list[WorkCompletion] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count and time.monotonic() < deadline:
+        found += cq.poll(count - len(found), timeout=0.2)
+    assert len(found) == count, found
+    return found
+
+
+@dataclass
+class Writer:
+    """One exclusive grant written the way RdmaProducer writes it, by hand, so a write can
+    be attempted after the broker revoked the grant."""
+
+    pd: ProtectionDomain
+    cq: CompletionQueue
+    replies: MemoryRegion
+    staging: MemoryRegion
+    grant: RdmaAccessResponse | None = None
+    qp: QueuePair | None = None
+    written: int = 0
+    order: int = 0
+    replies_read: int = 0
+
+    @classmethod
+    def open(cls, ctx: Any) -> Writer:
+        pd, cq = ctx.alloc_pd(), ctx.create_cq(256)
+        replies = pd.allocate(REPLIES * REPLY_SIZE, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        staging = pd.allocate(1 << 16, Access.LOCAL_WRITE)
+        return cls(pd, cq, replies, staging)
+
+    def connect(self, grant: RdmaAccessResponse) -> None:
+        self.grant = grant
+        self.qp = self.pd.connect(grant.conn_info, self.cq)
+        for slot in range(REPLIES):
+            self.qp.post_recv(slot)
+
+    def post(self, batch: bytes) -> bool:
+        """Post a WRITE_WITH_IMM of ``batch`` after what was written; False when the queue
+        pair refuses to post at all (the broker disconnected it)."""
+        assert self.qp is not None and self.grant is not None
+        self.staging.buf[: len(batch)] = batch
+        imm = self.grant.file_id << 16 | self.order
+        try:
+            self.qp.post_write_with_imm(
+                100 + self.order,
+                self.staging.sge(0, len(batch)),
+                self.grant.addr + self.written,
+                self.grant.rkey,
+                imm,
+            )
+        except RdmaError:
+            return False
+        self.written += len(batch)
+        self.order += 1
+        return True
+
+    def write(self, batch: bytes) -> int:
+        """Write ``batch`` and return the code of the broker's reply to it."""
+        assert self.post(batch)
+        done = completions(self.cq, 2)
+        assert all(c.ok for c in done), done
+        return self.reply()
+
+    def reply(self) -> int:
+        """The code in the next reply slot (its completion was polled)."""
+        slot = self.replies_read % REPLIES * REPLY_SIZE
+        self.replies_read += 1
+        return int.from_bytes(self.replies.buf[slot + 2 : slot + 4], "big", signed=True)
+
+    def next_reply(self) -> int:
+        """Wait for one more reply and return its code."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for wc in self.cq.poll(4, timeout=0.2):
+                if wc.opcode is Opcode.RECV_RDMA_WITH_IMM and wc.ok:
+                    return self.reply()
+        raise AssertionError("no reply from the broker")
+
+    def refused(self, batch: bytes) -> None:
+        """A write of ``batch`` fails: not posted, or completed with an error."""
+        if not self.post(batch):
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for wc in self.cq.poll(8, timeout=0.2):
+                if wc.wr_id >= 100:  # the write's own completion, not a flushed receive
+                    assert not wc.ok, wc
+                    return
+        raise AssertionError("the write after the revocation never completed")
+
+    def disconnected(self) -> None:
+        """Wait until the broker disconnected the queue pair: its receives flush."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if any(wc.status is WcStatus.WR_FLUSH_ERR for wc in self.cq.poll(8, timeout=0.2)):
+                return
+        raise AssertionError("the broker kept the queue pair")
+
+
+def new_topic(secured: Secured, clients: Clients, topic_name: Callable[[str], str]) -> str:
+    topic = topic_name("rdma-sec")
+    clients.create_topic(secured.broker.bootstrap, topic, config=PREALLOCATED)
+    return topic
+
+
+def only_first_batch_in_the_log(secured: Secured, clients: Clients, topic: str) -> None:
+    """The log holds the five records written before the revocation and nothing of the
+    write after it: the next Kafka produce lands at offset 5."""
+    bootstrap = secured.broker.bootstrap
+    producer = clients.producer(bootstrap, {"acks": 1})
+    reports = clients.produce_all(
+        producer, topic, [{"key": b"k5", "value": b"r-5", "partition": 0}]
+    )
+    assert [e for e, _ in reports if e is not None] == []
+    assert values(clients, bootstrap, topic, 6) == [(i, f"r-{i}".encode()) for i in range(6)]
+    assert secured.broker.stored_batches(topic)[:1] == [(0, 5)]
+
+
+def test_a_produce_grant_needs_write_and_goes_with_the_acl(
+    secured_rdma: tuple[Secured, str], clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    secured, provider = secured_rdma
+    topic = new_topic(secured, clients, topic_name)
+    principal, login = secured.login()
+    first, after = batches_of(0, 2)
+
+    async def scenario() -> None:
+        connection = await sasl_connection(secured.sasl, login)
+        try:
+            with open_context(provider) as ctx:
+                writer = Writer.open(ctx)
+                refused = await ask_write(connection, topic, provider, writer.replies)
+                assert refused.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                secured.allow(acl(principal, AclOperation.WRITE, topic))
+                grant = await ask_write(connection, topic, provider, writer.replies)
+                assert grant.error_code == 0, grant.error_message
+                writer.connect(grant)
+                assert writer.write(first) == 0
+
+                deleted = secured.admin.delete_acls([acl_filter(TOPIC, topic, LITERAL, principal)])
+                for future in deleted.values():
+                    assert len(future.result(timeout=30)) == 1
+                # DeleteAcls is answered once the broker decides by it: revoked by now.
+                assert writer.next_reply() == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                writer.refused(after)
+                again = await ask_write(connection, topic, provider, writer.replies)
+                assert again.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        finally:
+            await connection.close()
+
+    asyncio.run(scenario())
+    only_first_batch_in_the_log(secured, clients, topic)
+
+
+def test_a_produce_grant_goes_with_the_users_credentials(
+    secured_rdma: tuple[Secured, str], clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    secured, provider = secured_rdma
+    topic = new_topic(secured, clients, topic_name)
+    principal, login = secured.login()
+    secured.allow(acl(principal, AclOperation.WRITE, topic))
+    first, after = batches_of(0, 2)
+
+    async def scenario() -> None:
+        connection = await sasl_connection(secured.sasl, login)
+        try:
+            with open_context(provider) as ctx:
+                writer = Writer.open(ctx)
+                grant = await ask_write(connection, topic, provider, writer.replies)
+                assert grant.error_code == 0, grant.error_message
+                writer.connect(grant)
+                assert writer.write(first) == 0
+
+                user, _ = user_of(login)
+                deletion = UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)
+                for future in secured.admin.alter_user_scram_credentials([deletion]).values():
+                    future.result(timeout=30)
+                # Kafka would let the connection on until it re-authenticates; the grant,
+                # which never re-authenticates, goes at once.
+                assert writer.next_reply() == ErrorCode.SASL_AUTHENTICATION_FAILED
+                writer.refused(after)
+        finally:
+            await connection.close()
+
+    asyncio.run(scenario())
+    only_first_batch_in_the_log(secured, clients, topic)
+
+
+def test_a_grant_ends_with_the_connection_that_asked_for_it(
+    secured_rdma: tuple[Secured, str], clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    secured, provider = secured_rdma
+    topic = new_topic(secured, clients, topic_name)
+    principal, login = secured.login()
+    secured.allow(acl(principal, AclOperation.WRITE, topic))
+    first, after = batches_of(0, 2)
+
+    async def scenario() -> None:
+        with open_context(provider) as ctx:
+            writer = Writer.open(ctx)
+            connection = await sasl_connection(secured.sasl, login)
+            try:
+                grant = await ask_write(connection, topic, provider, writer.replies)
+                assert grant.error_code == 0, grant.error_message
+                writer.connect(grant)
+                assert writer.write(first) == 0
+            finally:
+                await connection.close()
+            writer.disconnected()  # the broker revoked first, then disconnected
+            writer.refused(after)
+
+    asyncio.run(scenario())
+    only_first_batch_in_the_log(secured, clients, topic)
+
+
+def test_a_consume_grant_needs_read_and_goes_with_the_acl(
+    secured_rdma: tuple[Secured, str], clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    """Another consumer holds the same segment registration: the revoked one's rkey dies
+    all the same (the segment is registered anew), and the other reads on."""
+    secured, provider = secured_rdma
+    topic = new_topic(secured, clients, topic_name)
+    produce(clients, secured.broker.bootstrap, topic, 0, 20)
+    principal, login = secured.login()
+
+    async def scenario() -> None:
+        connection = await sasl_connection(secured.sasl, login)
+        other_connection = await plain_connection(secured.broker.bootstrap)
+        try:
+            with open_context(provider) as ctx:
+                pd, cq = ctx.alloc_pd(), ctx.create_cq(1024)
+                local = pd.allocate(4096, Access.LOCAL_WRITE)
+                refused = await ask_read(connection, topic, provider)
+                assert refused.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                secured.allow(acl(principal, AclOperation.READ, topic))
+                grant = await ask_read(connection, topic, provider)
+                assert grant.error_code == 0, grant.error_message
+                other = await ask_read(other_connection, topic, provider)
+                assert other.error_code == 0, other.error_message
+                assert (other.addr, other.rkey) == (grant.addr, grant.rkey)  # one registration
+
+                qp = bound_queue_pair(pd, cq, grant, local)
+                qp.post_read(2, local.sge(0, 61), grant.addr, grant.rkey)
+                assert [c.status for c in completions(cq, 1)] == [WcStatus.SUCCESS]
+                first_batch = bytes(local.buf[:61])
+
+                deleted = secured.admin.delete_acls([acl_filter(TOPIC, topic, LITERAL, principal)])
+                for future in deleted.values():
+                    assert len(future.result(timeout=30)) == 1
+                local.buf[:61] = bytes(61)
+                assert not read_ok(qp, cq, local, grant.addr, grant.rkey)
+                # A fresh queue pair, not yet bound, with the rkey it had: nothing either.
+                stray = pd.connect(grant.conn_info, cq)
+                assert not read_ok(stray, cq, local, grant.addr, grant.rkey)
+                assert bytes(local.buf[:61]) == bytes(61)
+
+                other_qp = bound_queue_pair(pd, cq, other, local)
+                slot_at = other.slot_addr + other.slot_index * SLOT_SIZE
+                assert read_ok(other_qp, cq, local, slot_at, other.slot_rkey, SLOT_SIZE)
+                slot = read_slot(local.buf)
+                assert slot is not None and slot.rkey != grant.rkey
+                assert read_ok(other_qp, cq, local, slot.addr, slot.rkey)
+                assert bytes(local.buf[:61]) == first_batch
+        finally:
+            await connection.close()
+            await other_connection.close()
+
+    asyncio.run(scenario())
+
+
+def bound_queue_pair(
+    pd: ProtectionDomain, cq: CompletionQueue, grant: RdmaConsumeResponse, local: MemoryRegion
+) -> QueuePair:
+    """A queue pair that named ``grant``'s consumer, as RdmaConsumer binds one."""
+    qp = pd.connect(grant.conn_info, cq)
+    qp.post_write_with_imm(1, local.sge(0, 8), grant.bind_addr, grant.bind_rkey, grant.consumer_id)
+    assert [c.status for c in completions(cq, 1)] == [WcStatus.SUCCESS]
+    return qp
+
+
+def read_ok(
+    qp: QueuePair, cq: CompletionQueue, local: MemoryRegion, addr: int, rkey: int, size: int = 61
+) -> bool:
+    """Whether a READ of ``size`` bytes into ``local`` succeeds (False when not posted)."""
+    try:
+        qp.post_read(3, local.sge(0, size), addr, rkey)
+    except RdmaError:
+        return False
+    (done,) = completions(cq, 1)
+    return done.ok
+
+
+def test_successive_rkeys_are_not_sequential(
+    secured_rdma: tuple[Secured, str], clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    """Each new consumer's slot region is a new registration: its rkey is a fresh random
+    one, unrelated to those granted before it."""
+    secured, provider = secured_rdma
+    topic = new_topic(secured, clients, topic_name)
+    produce(clients, secured.broker.bootstrap, topic, 0, 5)
+    principal, login = secured.login()
+    secured.allow(acl(principal, AclOperation.READ, topic))
+
+    async def scenario() -> list[int]:
+        connection = await sasl_connection(secured.sasl, login)
+        try:
+            rkeys = []
+            for _ in range(12):
+                grant = await ask_read(connection, topic, provider)
+                assert grant.error_code == 0, grant.error_message
+                rkeys.append(grant.slot_rkey)
+            return rkeys
+        finally:
+            await connection.close()
+
+    rkeys = asyncio.run(scenario())
+    assert len(set(rkeys)) == len(rkeys)
+    steps = {(b - a) % (1 << 32) for a, b in pairwise(rkeys)}
+    assert len(steps) == len(rkeys) - 1  # no constant stride
+    assert max(rkeys) - min(rkeys) > 1 << 24  # spread over the 32 bits, not a counter's range
+    assert len({rkey >> 16 for rkey in rkeys}) >= len(rkeys) - 1  # the high half too
+
+
+def test_a_grant_ends_when_its_session_expires(
+    tmp_path: Path, clients: Clients, topic_name: Callable[[str], str]
+) -> None:
+    """connections_max_reauth_ms: a session not renewed ends, and its grants with it, while
+    the connection is still open."""
+    settings = {**SETTINGS, "rdma_provider": "shm", "connections_max_reauth_ms": 3000}
+    with Cluster(tmp_path, brokers=1, broker_settings=settings) as cluster:
+        secured = Secured(cluster.brokers[0])
+        topic = new_topic(secured, clients, topic_name)
+        principal, login = secured.login()
+        secured.allow(acl(principal, AclOperation.WRITE, topic))
+        first, after = batches_of(0, 2)
+
+        async def scenario() -> None:
+            connection = await sasl_connection(secured.sasl, login)
+            try:
+                with open_context("shm") as ctx:
+                    writer = Writer.open(ctx)
+                    grant = await ask_write(connection, topic, "shm", writer.replies)
+                    assert grant.error_code == 0, grant.error_message
+                    writer.connect(grant)
+                    assert writer.write(first) == 0
+                    writer.disconnected()  # within the 3 s lifetime and a little
+                    writer.refused(after)
+            finally:
+                await connection.close()
+
+        asyncio.run(scenario())
+        only_first_batch_in_the_log(secured, clients, topic)
