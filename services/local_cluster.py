@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "DIRECTLOG_REMOTE_LOG_STORAGE_SYSTEM_ENABLE": "true",
         "DIRECTLOG_TIERING_REMOTE": remote,
     }
-    if security is None:  # RDMA grants are not revoked with ACLs yet: off when secured
+    if security is None:  # push grants are not re-checked once made: RDMA off when secured
         env.update(
             DIRECTLOG_RDMA_PRODUCE="true",
             DIRECTLOG_RDMA_CONSUME="true",

@@ -12,8 +12,8 @@ its connections is authenticated and encrypted.
   with a client certificate and digest credentials that own every znode they create.
 - Consensus members serve clients only over TLS (client certificates required) and run ZAB
   between themselves over mutual TLS; tiering sidecars reach their broker with mutual TLS.
-- The RDMA datapaths stay off: a grant is checked against the ACLs when it is made, but not
-  yet revoked when an ACL or a user goes.
+- The RDMA datapaths stay off: leaders' push grants are not re-checked once made
+  (docs/security.md, "RDMA grants").
 """
 
 from __future__ import annotations
