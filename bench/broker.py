@@ -436,10 +436,16 @@ def produce_requests(producer: Producer, stats: list[str]) -> int | None:
 
 
 def consume(
-    bootstrap: str, topic: str, values: list[bytes], limit: float, broker_pid: int | None = None
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    limit: float,
+    broker_pid: int | None = None,
+    config: dict[str, str] | None = None,
 ) -> Consumed:
     """Read partition 0 from its start until all of `values` arrived, verified; with
-    `broker_pid`, the cores both sides kept busy meanwhile are measured."""
+    `broker_pid`, the cores both sides kept busy meanwhile are measured. `config` adds
+    client settings (a login, for bench.security)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -449,6 +455,7 @@ def consume(
             # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default) whenever
             # its queue passes queued.min.messages; a broker that answers fast trips it.
             "fetch.queue.backoff.ms": 5,
+            **(config or {}),
         }
     )
     try:

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AclBinding as KafkaAcl  # type: ignore[attr-defined]
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclOperation,
@@ -82,9 +82,8 @@ from bench.broker import (
     PRODUCE_BIG,
     PRODUCTION_TIMEOUTS,
     BenchError,
-    Consumed,
-    CpuMeter,
     Placement,
+    consume,
     create_topic,
     delete_topic,
     produce,
@@ -120,7 +119,6 @@ RECORD_SIZES = {"200B": 200, "32KiB": 32 * 1024}
 DISTINCT_VALUES = 64  # values cycled through, so a run's records need no memory of their own
 PRODUCE_SMALL = {"linger.ms": 5}
 PRODUCE_ONE = {"linger.ms": 0, "batch.num.messages": 1}  # a Produce request per record
-CONSUME_CALL_BYTES = 8 << 20
 TIME_LIMIT = 180.0  # seconds for one produce or consume
 LOGIN_CONCURRENCY = 4
 ACL_COUNT = 10_000
@@ -278,53 +276,6 @@ def cycled(size: int, count: int) -> list[bytes]:
     return [values[i % DISTINCT_VALUES] for i in range(count)]
 
 
-def consume(
-    address: str, config: dict[str, str], topic: str, values: list[bytes], pid: int
-) -> Consumed:
-    """Read partition 0 from its start until all of `values` arrived, verified (count, last
-    offset, first and last value); the seconds it took and the cores both sides kept busy.
-    bench.broker's consumer, with a login."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": address,
-            "group.id": CLIENT_ID,
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.queue.backoff.ms": 5,
-            **config,
-        }
-    )
-    try:
-        wait_for_topic(consumer, topic)
-        want = len(values)
-        per_call = max(1, min(10_000, CONSUME_CALL_BYTES // len(values[0])))
-        got, first, last, last_offset = 0, b"", b"", -1
-        deadline = time.monotonic() + TIME_LIMIT
-        meter = CpuMeter(pid)
-        start = time.perf_counter()
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        while got < want:
-            if time.monotonic() > deadline:
-                raise BenchError(f"consumed {got}/{want} in {TIME_LIMIT:.0f} s")
-            batch = consumer.consume(num_messages=min(per_call, want - got), timeout=0.5)
-            for message in batch:
-                if message.error() is not None:
-                    raise BenchError(f"consume error: {message.error()}")
-            if batch:
-                if got == 0:
-                    first = batch[0].value() or b""
-                got += len(batch)
-                last, offset = batch[-1].value() or b"", batch[-1].offset()
-                last_offset = -1 if offset is None else offset
-        seconds = time.perf_counter() - start
-        cores = meter.cores()
-    finally:
-        consumer.close()
-    if last_offset != want - 1 or first != values[0] or last != values[-1]:
-        raise BenchError(f"read {got} records up to offset {last_offset}, not what was written")
-    return Consumed(seconds, cores)
-
-
 def bench_throughput(
     cluster: Cluster, pki: TlsFiles, sizes: Sizes, placement: Placement | None
 ) -> dict[str, float]:
@@ -349,7 +300,7 @@ def bench_throughput(
                     produced = produce(
                         address, topic, records, {**config, **settings}, TIME_LIMIT, pid
                     )
-                    consumed = consume(address, config, topic, records, pid)
+                    consumed = consume(address, topic, records, TIME_LIMIT, pid, config)
                 for direction, seconds, cores in (
                     ("produce", produced.seconds, produced.cores),
                     ("consume", consumed.seconds, consumed.cores),
