@@ -108,17 +108,28 @@ class TlsChannel(Channel):
         await self._flush()
 
     async def recv_into(self, buffer: memoryview) -> int:
-        while True:
+        """As much as is already received fits, decrypted record after record: one TLS
+        record is at most 16 KiB, and a caller's turn per record costs more than its
+        decryption."""
+        size, filled = len(buffer), 0
+        while filled < size:
             try:
-                return cast(int, self._tls.read(len(buffer), buffer))  # a count, given a buffer
+                read = cast(int, self._tls.read(size - filled, buffer[filled:]))  # a count
             except ssl.SSLWantReadError:
+                if filled:
+                    break
                 await self._flush()  # TLS 1.3 may answer a key update while reading
                 if not await self._fill():
                     return 0
+                continue
             except ssl.SSLZeroReturnError:
-                return 0
+                break
             except ssl.SSLError as error:
                 raise ConnectionError(f"TLS: {error.reason or error}") from error
+            if not read:
+                break
+            filled += read
+        return filled
 
     async def sendall(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
