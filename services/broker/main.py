@@ -153,7 +153,10 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         producer_ids,
         access,
     )
-    follow_client_quotas(apis, image, QuotaManager())
+    quotas = QuotaManager(
+        window_num=settings.quota_window_num, window_seconds=settings.quota_window_size_seconds
+    )
+    follow_client_quotas(apis, image, quotas)
     replicas.link = link
     if settings.rdma_produce:
         apis.rdma = RdmaProduce(settings, replicas, metrics)

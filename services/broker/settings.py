@@ -100,6 +100,11 @@ class BrokerSettings(ServiceSettings):
     sasl_server_max_receive_size: int = Field(524288, ge=256)  # frames before authentication
     connections_max_reauth_ms: int = Field(0, ge=0)  # 0: sessions never expire
     connection_failed_authentication_delay_ms: int = Field(100, ge=0)
+    # Client quotas' sampled rates (Kafka's quota.window.num, quota.window.size.seconds):
+    # a rate is taken over window_num windows, so a new client may burst through
+    # window_num - 1 windows' worth before it is throttled.
+    quota_window_num: int = Field(11, ge=1)
+    quota_window_size_seconds: float = Field(1.0, gt=0)
     # Authorization (Kafka's authorizer.class.name, super.users, allow.everyone.if.no.acl.found):
     # with the authorizer on, every request is checked against the cluster's ACLs. Super
     # users (User:admin; Kafka's "User:a;User:b" is taken too) may do anything; the brokers'

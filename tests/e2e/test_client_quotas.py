@@ -7,6 +7,7 @@ throttling through throttle_time_ms (its throttle_cb).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from confluent_kafka.admin import (
 )
 from confluent_kafka.admin import UserScramCredentialUpsertion as Upsertion
 
+from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import RDKAFKA_LOG, Clients
@@ -32,6 +34,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaAdminClient
     from kafka.protocol.admin import AlterClientQuotasRequest, DescribeClientQuotasRequest
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 EXACT, DEFAULT, SPECIFIED = 0, 1, 2  # DescribeClientQuotas match types
 WINDOW = 11.0  # Kafka's quota window: quota.window.num (11) x quota.window.size.seconds (1)
@@ -468,6 +471,53 @@ def test_a_quota_removed_stops_throttling(
     assert rate > 5 * 20_000, f"still held to {rate:.0f} B/s after the quota was removed"
     producer.poll(0.5)
     assert not [t for t in throttles if t > 0]
+
+
+async def metadata_loop(address: str, client_id: str, seconds: float) -> tuple[int, list[int]]:
+    """Metadata requests for every topic, one after another on one connection, for
+    `seconds`: (how many were answered, the throttle_time_ms of each answer)."""
+    host, port = address.rsplit(":", 1)
+    connection = await KafkaConnection.connect(host, int(port), 30.0)
+    throttles: list[int] = []
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            answer = await connection.request(
+                MetadataRequest[5](topics=None, allow_auto_topic_creation=False),
+                MetadataResponse,
+                client_id,
+            )
+            throttles.append(answer.throttle_time_ms)
+    finally:
+        await connection.close()
+    return len(throttles), throttles
+
+
+@pytest.mark.timeout(120)
+def test_request_time_quota_throttles_a_busy_client(
+    cluster: Cluster, admin: KafkaAdminClient
+) -> None:
+    """A client id held to 0.1% of a request handler's time (request_percentage) is told
+    throttle_time_ms and muted once its first burst is spent: throttled most of the time,
+    it is answered far fewer requests than a client id without a quota asking the same
+    thing the same way."""
+    tag = uuid.uuid4().hex[:6]
+    busy, free = f"busy-{tag}", f"free-{tag}"
+    assert alter(admin, [([("client-id", busy)], [("request_percentage", 0.1)])]) == [
+        (ErrorCode.NONE, None)
+    ]
+    plaintext = cluster.brokers[0].bootstrap
+    # past the first burst (window_num - 1 windows of 10 ms of handler time each)
+    burst, burst_throttles = asyncio.run(metadata_loop(plaintext, busy, WARM_UP))
+    assert max(burst_throttles) > 0, f"{burst} requests in {WARM_UP} s and none throttled"
+    held, held_throttles = asyncio.run(metadata_loop(plaintext, busy, 8.0))
+    ran, free_throttles = asyncio.run(metadata_loop(plaintext, free, 8.0))
+    assert not [t for t in free_throttles if t > 0], "a client without a quota was throttled"
+    assert sum(held_throttles) > 4000, f"throttled {sum(held_throttles)} ms of 8 s"
+    assert held * 5 < ran, f"held to {held} requests in 8 s against {ran} unthrottled"
+    assert alter(admin, [([("client-id", busy)], [("request_percentage", None)])]) == [
+        (ErrorCode.NONE, None)
+    ]
 
 
 @pytest.mark.timeout(120)
