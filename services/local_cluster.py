@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "DIRECTLOG_REMOTE_LOG_STORAGE_SYSTEM_ENABLE": "true",
         "DIRECTLOG_TIERING_REMOTE": remote,
     }
-    if security is None:  # push grants are not re-checked once made: RDMA off when secured
+    if security is None:  # RDMA moves bytes unencrypted: off when every link must be TLS
         env.update(
             DIRECTLOG_RDMA_PRODUCE="true",
             DIRECTLOG_RDMA_CONSUME="true",

@@ -12,8 +12,8 @@ its connections is authenticated and encrypted.
   with a client certificate and digest credentials that own every znode they create.
 - Consensus members serve clients only over TLS (client certificates required) and run ZAB
   between themselves over mutual TLS; tiering sidecars reach their broker with mutual TLS.
-- The RDMA datapaths stay off: leaders' push grants are not re-checked once made
-  (docs/security.md, "RDMA grants").
+- The RDMA datapaths stay off: what they move is not encrypted (RDMA has no TLS), and this
+  cluster encrypts every link.
 """
 
 from __future__ import annotations

@@ -271,15 +271,16 @@ def follow_client_quotas(apis: KafkaApis, image: ClusterImage, quotas: QuotaMana
 
 def recheck_rdma_grants(apis: KafkaApis, image: ClusterImage, access: Access | None) -> None:
     """Revoke the RDMA grants whose holders lost their authority the moment the image takes
-    an ACL or SCRAM change: a grant bypasses the per-request checks and re-authentication
-    (docs/security.md, "RDMA grants"). Registered after `access` follows the image, so
-    the authorizer already has the new ACLs."""
+    an ACL or SCRAM change: produce and consume grants, and the push grants leaders hold
+    on this broker's head segments. A grant bypasses the per-request checks and
+    re-authentication (docs/security.md, "RDMA grants"). Registered after `access`
+    follows the image, so the authorizer already has the new ACLs."""
 
     def changed(kinds: frozenset[SecurityKind]) -> None:
         if not kinds & {SecurityKind.ACLS, SecurityKind.SCRAM_CREDENTIALS}:
             return
         authorizer = access.authorizer if access is not None else None
-        for grants in (apis.rdma, apis.rdma_reads):
+        for grants in (apis.rdma, apis.rdma_reads, apis.rdma_replication):
             if grants is not None:
                 try:
                     grants.recheck(authorizer)

@@ -4,7 +4,9 @@ the Produce or Fetch it replaces needs, and loses it — memory deregistered, qu
 disconnected — when the ACL is deleted, its credentials are deleted, its connection closes
 or its session expires. Each revocation is followed by a write (or a READ) with what the
 grant had told, and the log read back through Kafka shows nothing of it. Remote keys of
-successive grants tell nothing of each other.
+successive grants tell nothing of each other. A leader's push grant goes the same way with
+the brokers' CLUSTER_ACTION: replication then stops, as Kafka's does, since the follower's
+Fetch needs it too, and resumes — every record once — when the ACL is back.
 
 The harness works through the PLAINTEXT listener as User:ANONYMOUS, a super user.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import (
     AclOperation,
+    NewTopic,
     ResourcePatternType,
     ScramMechanism,
     UserScramCredentialDeletion,
@@ -52,11 +55,31 @@ from directlog.rdma import (
     WorkCompletion,
     open_context,
 )
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import Clients, _stop_checked
-from tests.e2e.test_acls import AUTHORIZED, TOPIC, Secured, acl, acl_filter, user_of
+from tests.e2e.test_acls import (
+    AUTHORIZED,
+    BROKER,
+    CLUSTER_NAME,
+    PASSWORD,
+    TOPIC,
+    Secured,
+    acl,
+    acl_filter,
+    delivery_codes,
+    user_of,
+)
 from tests.e2e.test_rdma_consume import produce
 from tests.e2e.test_rdma_produce import batches_of, values
+from tests.e2e.test_rdma_replication import (
+    CHANNELS,
+    PULLED,
+    PUSHED,
+    counter,
+    log_end,
+    read_all,
+    stored_log,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -473,3 +496,119 @@ def test_a_grant_ends_when_its_session_expires(
 
         asyncio.run(scenario())
         only_first_batch_in_the_log(secured, clients, topic)
+
+
+# Push grants -------------------------------------------------------------------------------
+
+BROKER_USER = "broker"  # the brokers' own login: not a super user, CLUSTER_ACTION by an ACL
+PUSHING = {
+    **AUTHORIZED,  # super users: User:ANONYMOUS (the harness) and User:admin only
+    "inter_broker_listener": "SASL_PLAINTEXT",
+    "inter_broker_sasl_mechanism": "PLAIN",
+    "inter_broker_sasl_username": BROKER_USER,
+    "inter_broker_sasl_password": PASSWORD + BROKER_USER,
+    "rdma_replication": True,
+    "rdma_replication_timeout_ms": 5000,
+    "replica_fetch_wait_max_ms": 200,
+}
+PUSHED_TOPIC = {"preallocate": "true", "min.insync.replicas": "2"}
+WAIT = 60  # seconds for any one outcome, on a loaded 2-core machine
+
+
+def produce_numbered(
+    clients: Clients, cluster: Cluster, topic: str, first: int, count: int, acks: str
+) -> None:
+    """Records ``first`` .. ``first + count - 1`` (as read_all reads them), all acked."""
+    producer = clients.producer(cluster.bootstrap, {"acks": acks, "message.timeout.ms": 30000})
+    records = [
+        {"value": f"v-{n:06d}".encode() * 4, "partition": 0} for n in range(first, first + count)
+    ]
+    reports = clients.produce_all(producer, topic, records)
+    assert [e for e, _ in reports if e is not None] == []
+
+
+def isr(cluster: Cluster, clients: Clients, topic: str) -> list[int]:
+    metadata = clients.admin(cluster.bootstrap).list_topics(topic, timeout=10)
+    return sorted(metadata.topics[topic].partitions[0].isrs)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_push_replication_goes_with_the_brokers_cluster_action_and_comes_back_with_it(
+    tmp_path: Path, clients: Clients, topic_name: Callable[[str], str], provider: str
+) -> None:
+    """The leader pushes to the follower, both logged in as User:broker, which has
+    CLUSTER_ACTION by an ACL. Deleting the ACL revokes the leader's push grant on the
+    follower at once (queue pair disconnected, partition pulled again). The pull is refused
+    too — a follower's Fetch needs CLUSTER_ACTION, as in Kafka — so the follower gets
+    nothing more and leaves the ISR, while the leader takes acks=1 records alone. With the
+    ACL back the follower pulls what it missed, rejoins the ISR and is pushed again; every
+    record is there exactly once and both logs are byte-identical."""
+    settings = {**PUSHING, "rdma_provider": provider}
+    with Cluster(tmp_path, brokers=2, broker_settings=settings) as cluster:
+        secured = Secured(cluster.brokers[0])
+        secured.login(BROKER_USER)  # the password the brokers' settings hold
+        cluster_action = acl(
+            f"User:{BROKER_USER}", AclOperation.CLUSTER_ACTION, CLUSTER_NAME, BROKER
+        )
+        secured.allow(cluster_action)
+        topic = topic_name("pushed")
+        created = secured.admin.create_topics(
+            [NewTopic(topic, num_partitions=1, replication_factor=2, config=PUSHED_TOPIC)]
+        )
+        created[topic].result(timeout=WAIT)
+        wait_for(lambda: isr(cluster, clients, topic) == [0, 1], WAIT, "the ISR of the topic")
+        metadata = clients.admin(cluster.bootstrap).list_topics(topic, timeout=10)
+        leader_id = metadata.topics[topic].partitions[0].leader
+        leader, follower = cluster.brokers[leader_id], cluster.brokers[1 - leader_id]
+        wait_for(lambda: counter(leader, CHANNELS, topic) == 1, WAIT, "the leader pushing")
+
+        produce_numbered(clients, cluster, topic, 0, 200, "all")
+        assert counter(leader, PUSHED, topic) > 0
+        assert counter(follower, PULLED, topic, partition="0") == 0, "pulled, not pushed"
+        pushed = counter(leader, PUSHED, topic)
+
+        deleted = secured.admin.delete_acls(
+            [acl_filter(BROKER, CLUSTER_NAME, LITERAL, f"User:{BROKER_USER}")]
+        )
+        for future in deleted.values():
+            assert len(future.result(timeout=WAIT)) == 1
+        revocation = f"{topic}-0: push channel"
+
+        def revoked() -> bool:
+            return any(
+                revocation in line and "grant revoked: User:broker" in line
+                for line in follower.stderr_text().splitlines()
+            )
+
+        wait_for(revoked, WAIT, "the follower revoking the push grant")
+        wait_for(lambda: counter(leader, CHANNELS, topic) == 0, WAIT, "the push to end")
+        produce_numbered(clients, cluster, topic, 200, 100, "1")  # the leader alone has them
+        wait_for(
+            lambda: isr(cluster, clients, topic) == [leader_id], WAIT, "the follower out of the ISR"
+        )
+        # acks=all is refused now (min.insync.replicas 2), before anything is appended.
+        refused = delivery_codes(clients, cluster.bootstrap, {}, topic, acks="all", retries=0)
+        assert refused == [ErrorCode.NOT_ENOUGH_REPLICAS]
+        assert log_end(leader, topic) == 300
+        assert log_end(follower, topic) == 200, "replicated without CLUSTER_ACTION"
+        assert counter(leader, PUSHED, topic) == pushed
+        assert counter(follower, PULLED, topic, partition="0") == 0
+        assert "fetch answered TOPIC_AUTHORIZATION_FAILED" in follower.stderr_text()
+
+        secured.allow(cluster_action)
+        wait_for(lambda: log_end(follower, topic) == 300, WAIT, "the follower catching up")
+        assert counter(follower, PULLED, topic, partition="0") > 0, "caught up without pulling"
+        wait_for(
+            lambda: isr(cluster, clients, topic) == [0, 1], WAIT, "the follower back in the ISR"
+        )
+        wait_for(lambda: counter(leader, CHANNELS, topic) == 1, WAIT, "the leader pushing again")
+        pulled = counter(follower, PULLED, topic, partition="0")
+        produce_numbered(clients, cluster, topic, 300, 200, "all")
+        assert counter(leader, PUSHED, topic) > pushed
+        assert counter(follower, PULLED, topic, partition="0") == pulled
+
+        assert read_all(clients, cluster, topic, 500) == list(range(500))
+        wait_for(lambda: log_end(follower, topic) == 500, WAIT, "the follower at the log end")
+        data, _ = stored_log(leader, topic)
+        assert stored_log(follower, topic)[0] == data, "the logs differ"

@@ -8,18 +8,24 @@ that is a prefix of the leader's. Each write consumes one of the receives posted
 queue pair (the leader's credits) and is answered by exactly one reply write, after which
 the receive is posted again.
 
-A channel ends, its region deregistered, its uncommitted bytes zeroed and the partition
-pulled again from its log end, when: its queue pair fails or disconnects; an immediate
-names another channel or an order out of sequence; a push overruns the grant, does not
-continue the log or fails validation; the partition's leader or epoch changes; or nothing
-arrives for ``rdma_replication_timeout_ms`` (the leader's heartbeats keep it open).
+A channel ends, its region deregistered, its uncommitted bytes zeroed, the leader's queue
+pair disconnected and the partition pulled again from its log end, when: its queue pair
+fails or disconnects; an immediate names another channel or an order out of sequence; a
+push overruns the grant, does not continue the log or fails validation; the partition's
+leader or epoch changes; nothing arrives for ``rdma_replication_timeout_ms`` (the leader's
+heartbeats keep it open); or the leader's authority ends, as every RDMA grant's does
+(docs/security.md, "RDMA grants"): the principal of the connection that asked for the
+grant may no longer CLUSTER_ACTION the cluster, the credentials of its SASL login were
+deleted, or that connection's session ended (the leader keeps it open while it pushes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.rdma_replica import (
@@ -43,9 +49,14 @@ from directlog.rdma import (
     QueuePair,
     WorkCompletion,
 )
+from directlog.security.acl import CLUSTER_NAME, Operation, ResourceType
 from directlog.topics import TopicPartition
+from services.broker.authentication import Session
+from services.broker.authorization import denied
+from services.broker.authorizer import Authorizer
 from services.broker.error_codes import error_code_for
 from services.broker.partition import Partition
+from services.broker.rdma.produce import authority_lost, session_holding
 from services.broker.replica_fetcher import FollowState, ReplicaFetcher
 from services.broker.replica_manager import ReplicaManager
 from services.broker.settings import BrokerSettings
@@ -77,6 +88,26 @@ class FollowerChannel:
     qp: QueuePair | None = None
     closed: bool = False
     timer: asyncio.TimerHandle | None = None
+    session: Session | None = None  # the leader's session the grant is held on
+    unwatch: Callable[[], None] | None = None  # stops watching that session's end
+
+
+def push_authority_lost(session: Session, authorizer: Authorizer | None) -> KafkaError | None:
+    """Why the leader's ``session`` may no longer hold a push grant (``authorizer``: None
+    when ACLs are not checked), or None while it may: the credentials of its SASL login
+    (as every grant), and CLUSTER_ACTION on the cluster, which RdmaReplica needs."""
+    lost = authority_lost(session, None, Operation.CLUSTER_ACTION, ())
+    if lost is not None or authorizer is None:
+        return lost
+    if not authorizer.authorize(
+        session.principal,
+        session.client_host,
+        Operation.CLUSTER_ACTION,
+        ResourceType.CLUSTER,
+        CLUSTER_NAME,
+    ):
+        return denied(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+    return None
 
 
 class ReplicaFollower:
@@ -114,8 +145,10 @@ class ReplicaFollower:
 
     def grant(self, request: RdmaReplicaRequest) -> RdmaReplicaResponse:
         """Open a channel or renew its grant; raises KafkaError with the code the leader
-        gets (it keeps the partition on pull replication then)."""
+        gets (it keeps the partition on pull replication then). The grant is held on the
+        asking connection's session (session_holding): it ends with it."""
         tp = TopicPartition(request.topic, request.partition)
+        holder = session_holding(self.settings)
         if request.channel_id == OPEN:
             channel = self._open(tp, request)
         else:
@@ -131,6 +164,7 @@ class ReplicaFollower:
             except Exception as error:
                 self._close(channel, f"grant renewal refused: {error}")
                 raise
+        self._hold(channel, holder)
         plog = channel.partition.log
         return RdmaReplicaResponse(
             ErrorCode.NONE,
@@ -276,6 +310,18 @@ class ReplicaFollower:
                 code, f"{partition.tp}: epoch {leader_epoch}, here {partition.leader_epoch}"
             )
 
+    def _hold(self, channel: FollowerChannel, session: Session | None) -> None:
+        """Hold ``channel``'s grant on ``session``, the one that asked for it last (None:
+        on no session, as without the authorizer and SASL)."""
+        if channel.session is session:
+            return
+        if channel.unwatch is not None:
+            channel.unwatch()
+            channel.unwatch = None
+        channel.session = session
+        if session is not None:
+            channel.unwatch = session.on_end(partial(self._session_ended, channel))
+
     def _take_id(self) -> int:
         while self._next_id in self._by_id or self._next_id == 0:
             self._next_id = (self._next_id + 1) % MAX_CHANNELS
@@ -307,6 +353,26 @@ class ReplicaFollower:
             return
         state.pushed = True
         channel.state = state
+
+    # Authority ---------------------------------------------------------------------------
+
+    def recheck(self, authorizer: Authorizer | None) -> None:
+        """End every channel whose leader lost its authority: CLUSTER_ACTION on the cluster
+        by ``authorizer`` (the ACLs just taken; None when ACLs are not checked), or the
+        credentials of its SASL login. The partition is pulled again."""
+        for channel in list(self._channels.values()):
+            session = channel.session
+            if session is None:
+                continue
+            error = push_authority_lost(session, authorizer)
+            if error is not None:
+                self._close(channel, f"grant revoked: {session.principal}: {error}")
+
+    def _session_ended(self, channel: FollowerChannel, why: str) -> None:
+        """A grant lasts no longer than the session that asked for it (not a fault: a
+        leader ending a channel hangs its connection up too)."""
+        if not channel.closed:
+            self._close(channel, f"the session holding the grant ended: {why}", quiet=True)
 
     # Completions (on the loop) -----------------------------------------------------------
 
@@ -403,14 +469,18 @@ class ReplicaFollower:
 
     # Ending ------------------------------------------------------------------------------
 
-    def _close(self, channel: FollowerChannel, reason: str) -> None:
+    def _close(self, channel: FollowerChannel, reason: str, *, quiet: bool = False) -> None:
         """End ``channel``: no write lands after this, uncommitted bytes are zeroed, the
-        leader's queue pair is disconnected and the partition is pulled again."""
+        leader's queue pair is disconnected and the partition is pulled again. Logged as
+        a warning unless `quiet`."""
         if channel.closed:
             return
         channel.closed = True
         if channel.timer is not None:
             channel.timer.cancel()
+        if channel.unwatch is not None:
+            channel.unwatch()
+            channel.unwatch = None
         if self._channels.get(channel.partition.tp) is channel:
             del self._channels[channel.partition.tp]
         self._by_id.pop(channel.channel_id, None)
@@ -418,7 +488,7 @@ class ReplicaFollower:
             if region.registered:  # a failed renewal may have let the grant go already
                 region.deregister()
         self._zero_uncommitted(channel)
-        log.warning(
+        (log.info if quiet else log.warning)(
             "%s: push channel %d closed, pulling again from %d: %s",
             channel.partition.tp,
             channel.channel_id,

@@ -16,6 +16,12 @@ asks for the next grant. Any failure ends the channel; the follower then pulls, 
 channel is tried after ``replica_fetch_backoff_ms`` from the follower's log end. Channels
 open only to followers in the ISR: one that fell behind catches up by pull fetches, which
 move a backlog in large reads rather than in credit-limited 1 KiB writes.
+
+The Kafka connection a channel's grant was asked on stays open while the channel lives
+(renewals go over it too) and is hung up when it ends: the follower holds the grant on that
+connection's session, as every RDMA grant is held (docs/security.md, "RDMA grants"), and
+ends the channel when the session ends or its principal loses CLUSTER_ACTION or its
+credentials; the leader sees its queue pair fail and, refused, keeps retrying with back-off.
 """
 
 from __future__ import annotations
@@ -176,6 +182,8 @@ class LeaderChannel:
     needed: int = 0  # bytes the next grant must hold in one piece
     closed: bool = False
     scheduled: bool = False
+    connection: KafkaConnection | None = None  # the grant's session on the follower
+    asking: bool = False  # an RdmaReplica exchange on ``connection`` is under way
 
 
 class ReplicaLeader:
@@ -202,6 +210,7 @@ class ReplicaLeader:
         self._retry_at: dict[tuple[TopicPartition, int], float] = {}
         self._failed_opens: dict[tuple[TopicPartition, int], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._hang_ups: set[asyncio.Task[None]] = set()  # awaited, never cancelled, at close
 
     def owns(self, qp_num: int) -> bool:
         return qp_num in self._by_qp
@@ -292,11 +301,13 @@ class ReplicaLeader:
         task.add_done_callback(self._tasks.discard)
 
     async def _ask(self, channel: LeaderChannel, channel_id: int) -> RdmaReplicaResponse:
-        """One RdmaReplica exchange with the follower's Kafka port."""
+        """One RdmaReplica exchange with the follower's Kafka port, on the channel's
+        connection (made by the first): the grant lasts as long as that connection's
+        session, so it is kept until the channel ends. A failed exchange hangs it up."""
         broker = self.replicas.image.brokers.get(channel.follower)
         if broker is None or broker.port <= 0:
             raise ConnectionError(f"broker {channel.follower} has no address")
-        assert channel.replies is not None
+        assert channel.replies is not None and not channel.asking
         partition = channel.partition
         request = RdmaReplicaRequest(
             partition.tp.topic,
@@ -311,23 +322,36 @@ class ReplicaLeader:
             channel.replies.length,
             self._providers,
         )
-        connection = await KafkaConnection.connect(
-            broker.host, broker.port, CONNECT_TIMEOUT, self.replicas.fetch_settings.security
-        )
+        channel.asking = True
         try:
+            if channel.connection is None:
+                channel.connection = await KafkaConnection.connect(
+                    broker.host,
+                    broker.port,
+                    CONNECT_TIMEOUT,
+                    self.replicas.fetch_settings.security,
+                )
+            connection = channel.connection
             correlation_id = connection.next_correlation_id()
             frame = request_frame(
                 request, correlation_id, f"directlog-pusher-{self.replicas.broker_id}"
             )
             answer = await within(connection.exchange(frame), CONNECT_TIMEOUT)
             response = decode_response_frame(answer, correlation_id)
+        except BaseException:
+            await self._hang_up(channel)
+            raise
         finally:
-            await connection.close()
+            channel.asking = False
+        if channel.closed:  # ended meanwhile: the hang-up was left to this exchange
+            await self._hang_up(channel)
         if response.error_code != ErrorCode.NONE:
             raise KafkaError(ErrorCode(response.error_code), response.error_message or "")
         return response
 
     async def _open(self, channel: LeaderChannel) -> None:
+        if channel.closed:  # ended before it started: nothing to allocate or ask
+            return
         partition = channel.partition
         credits = self.settings.rdma_replication_credits
         try:
@@ -589,12 +613,27 @@ class ReplicaLeader:
         for region in (channel.source, channel.replies, channel.hw_out):
             if region is not None:
                 region.deregister()
+        if channel.connection is not None and not channel.asking:
+            task = self._loop.create_task(self._hang_up(channel))
+            self._hang_ups.add(task)
+            task.add_done_callback(self._hang_ups.discard)
 
-    def close(self) -> None:
+    @staticmethod
+    async def _hang_up(channel: LeaderChannel) -> None:
+        """Close the connection the channel's grant is held on (the follower ends the
+        grant with its session, if it had not already)."""
+        connection, channel.connection = channel.connection, None
+        if connection is not None:
+            await connection.close()
+
+    async def close(self) -> None:
+        """End every channel and hang their connections up."""
         for task in self._tasks:
             task.cancel()
         for channel in list(self._channels.values()):
             self._fail(channel, "broker stopping", quiet=True)
+        # The cancelled exchanges hang their own connections up as they unwind.
+        await asyncio.gather(*self._tasks, *self._hang_ups, return_exceptions=True)
 
 
 def _segment_of(partition: Partition, offset: int) -> LogSegment:

@@ -17,6 +17,7 @@ from directlog.protocol.api import RequestHeader
 from directlog.protocol.rdma_replica import RdmaReplicaRequest, RdmaReplicaResponse
 from directlog.rdma import QpCaps, QueuePair, WorkCompletion
 from directlog.rdma.verbs import MAX_WR
+from services.broker.authorizer import Authorizer
 from services.broker.error_codes import error_code_for
 from services.broker.metrics import BrokerMetrics
 from services.broker.partition import Partition
@@ -66,6 +67,11 @@ class RdmaReplication:
             answer = RdmaReplicaResponse(code, str(error))
         return [answer.encode()]
 
+    def recheck(self, authorizer: Authorizer | None) -> None:
+        """End the push grants this broker made whose holders (leaders' sessions) lost their
+        authority (replica_follower.py); their partitions are pulled again."""
+        self.follower.recheck(authorizer)
+
     def leadership_changed(self, partition: Partition) -> None:
         self.follower.leadership_changed(partition)
         self.leader.leadership_changed(partition)
@@ -92,6 +98,6 @@ class RdmaReplication:
     async def close(self) -> None:
         """End every channel (followers pull again), stop the threads, close the provider."""
         self._maintenance.cancel()
-        self.leader.close()
+        await self.leader.close()
         self.follower.close()
         await self._endpoint.close()
