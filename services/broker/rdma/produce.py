@@ -93,10 +93,15 @@ def session_holding(settings: BrokerSettings) -> Session | None:
 
 
 def authority_lost(
-    session: Session, authorizer: Authorizer | None, operation: Operation, topics: Iterable[str]
+    session: Session,
+    authorizer: Authorizer | None,
+    operation: Operation,
+    names: Iterable[str],
+    resource_type: ResourceType = ResourceType.TOPIC,
 ) -> KafkaError | None:
-    """Why the session may no longer hold grants on ``topics`` needing ``operation``
-    (``authorizer``: None when ACLs are not checked), or None while it may."""
+    """Why the session may no longer hold grants on the resources ``names`` (topics, or the
+    cluster) needing ``operation`` (``authorizer``: None when ACLs are not checked), or
+    None while it may."""
     if not session.credentials_exist():
         return KafkaError(
             ErrorCode.SASL_AUTHENTICATION_FAILED,
@@ -105,9 +110,9 @@ def authority_lost(
     if authorizer is None:
         return None
     principal, host = session.principal, session.client_host
-    for topic in topics:
-        if not authorizer.authorize(principal, host, operation, ResourceType.TOPIC, topic):
-            return denied(operation, ResourceType.TOPIC, topic)
+    for name in names:
+        if not authorizer.authorize(principal, host, operation, resource_type, name):
+            return denied(operation, resource_type, name)
     return None
 
 

@@ -52,7 +52,6 @@ from directlog.rdma import (
 from directlog.security.acl import CLUSTER_NAME, Operation, ResourceType
 from directlog.topics import TopicPartition
 from services.broker.authentication import Session
-from services.broker.authorization import denied
 from services.broker.authorizer import Authorizer
 from services.broker.error_codes import error_code_for
 from services.broker.partition import Partition
@@ -96,18 +95,9 @@ def push_authority_lost(session: Session, authorizer: Authorizer | None) -> Kafk
     """Why the leader's ``session`` may no longer hold a push grant (``authorizer``: None
     when ACLs are not checked), or None while it may: the credentials of its SASL login
     (as every grant), and CLUSTER_ACTION on the cluster, which RdmaReplica needs."""
-    lost = authority_lost(session, None, Operation.CLUSTER_ACTION, ())
-    if lost is not None or authorizer is None:
-        return lost
-    if not authorizer.authorize(
-        session.principal,
-        session.client_host,
-        Operation.CLUSTER_ACTION,
-        ResourceType.CLUSTER,
-        CLUSTER_NAME,
-    ):
-        return denied(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
-    return None
+    return authority_lost(
+        session, authorizer, Operation.CLUSTER_ACTION, (CLUSTER_NAME,), ResourceType.CLUSTER
+    )
 
 
 class ReplicaFollower:
