@@ -618,11 +618,11 @@ def _mode(flags: int) -> CreateMode:
 
 def _op(op: int, body: RequestBody | None) -> MultiOp:
     if isinstance(body, CreateRequest):
-        return Create(body.path, body.data or b"", body.acl, _mode(body.flags))
+        return Create(body.path, body.data, body.acl, _mode(body.flags))
     if isinstance(body, DeleteRequest):
         return Delete(body.path, body.version)
     if isinstance(body, SetDataRequest):
-        return SetData(body.path, body.data or b"", body.version)
+        return SetData(body.path, body.data, body.version)
     if isinstance(body, SetACLRequest):
         return SetACL(body.path, body.acl, body.version)
     if isinstance(body, CheckVersionRequest):

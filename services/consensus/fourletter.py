@@ -102,7 +102,7 @@ def _mntr(member: Member, server: ClientServer) -> str:
         ("zk_znode_count", len(tree.nodes)),
         ("zk_watch_count", len(tree.watches.registrations())),
         ("zk_ephemerals_count", sum(len(p) for p in tree.ephemerals.values())),
-        ("zk_approximate_data_size", sum(len(p) + len(n.data) for p, n in tree.nodes.items())),
+        ("zk_approximate_data_size", tree.data_size),
         ("zk_open_file_descriptor_count", _open_fds()),
         ("zk_last_zxid", f"{member.node.last_zxid:#x}"),
         ("zk_epoch", member.node.epoch),

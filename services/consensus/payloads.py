@@ -14,6 +14,11 @@ A transaction, as stored in the log and applied in zxid order::
 sync 9, check 13, multi 14, deleteContainer 20, createSession -10, closeSession -11) or
 -1 for an error transaction: a write the leader refused still travels through ZAB, so the
 member that took it answers its client in order with the others, as ZooKeeper does.
+
+Znode data (of create and setData, alone or in a multi) is a jute buffer, whose length -1
+is null: null data is carried as null and kept apart from empty data (length 0), as
+ZooKeeper keeps it. Payloads written before null was kept never hold -1 there (null was
+stored as empty), so they read as they always did.
 """
 
 from __future__ import annotations
@@ -119,9 +124,10 @@ def _read_codes(r: Reader) -> tuple[ErrorCode, ...]:
 _WRITE_HEAD = struct.Struct(">qii")  # session id, auth count, op
 _LOGGED_HEAD = struct.Struct(">qqi")  # time, session id, op
 _INT = struct.Struct(">i")
+_NULL = _INT.pack(-1)  # the length of a null buffer
 
 
-def _pack_set_data(head: bytes, path: str, data: bytes, version: int) -> bytes | None:
+def _pack_set_data(head: bytes, path: str, data: bytes | None, version: int) -> bytes | None:
     """None when a field does not fit its type (the field-by-field writer then says why)."""
     try:
         raw_path = path.encode()
@@ -130,8 +136,8 @@ def _pack_set_data(head: bytes, path: str, data: bytes, version: int) -> bytes |
                 head,
                 _INT.pack(len(raw_path)),
                 raw_path,
-                _INT.pack(len(data)),
-                data,
+                _NULL if data is None else _INT.pack(len(data)),
+                data or b"",
                 _INT.pack(version),
             )
         )
@@ -139,8 +145,9 @@ def _pack_set_data(head: bytes, path: str, data: bytes, version: int) -> bytes |
         return None
 
 
-def _unpack_set_data(payload: bytes, start: int) -> tuple[str, bytes, int] | None:
-    """path, data and version of a setData body from ``start`` to exactly the end."""
+def _unpack_set_data(payload: bytes, start: int) -> tuple[str, bytes | None, int] | None:
+    """path, data (None for null) and version of a setData body from ``start`` to exactly
+    the end."""
     if len(payload) < start + 12:
         return None
     (path_length,) = _INT.unpack_from(payload, start)
@@ -148,15 +155,16 @@ def _unpack_set_data(payload: bytes, start: int) -> tuple[str, bytes, int] | Non
     if path_length < 0 or path_end + 8 > len(payload):
         return None
     (data_length,) = _INT.unpack_from(payload, path_end)
-    data_end = path_end + 4 + data_length
-    if data_length < 0 or data_end + 4 != len(payload):
+    null = data_length == -1
+    data_end = path_end + 4 + (0 if null else data_length)
+    if (data_length < 0 and not null) or data_end + 4 != len(payload):
         return None
     try:
         path = payload[start + 4 : path_end].decode()
     except UnicodeDecodeError:
         return None
     (version,) = _INT.unpack_from(payload, data_end)
-    return path, payload[path_end + 4 : data_end], version
+    return path, None if null else payload[path_end + 4 : data_end], version
 
 
 # -- writes ------------------------------------------------------------------------------
@@ -192,13 +200,13 @@ def _write_op(w: Writer, op: MultiOp) -> None:
 def _read_op(r: Reader, op: int) -> MultiOp:
     path = r.read_ustring("path")
     if op == OpCode.CREATE:
-        data = r.read_buffer("data") or b""
+        data = r.read_buffer("data")
         acl = _read_acl(r)
         return Create(path, data, acl, CreateMode(r.read_int("mode")))
     if op == OpCode.DELETE:
         return Delete(path, r.read_int("version"))
     if op == OpCode.SET_DATA:
-        data = r.read_buffer("data") or b""
+        data = r.read_buffer("data")
         return SetData(path, data, r.read_int("version"))
     if op == OpCode.SET_ACL:
         acl = _read_acl(r)
@@ -313,13 +321,13 @@ def _write_sub(w: Writer, txn: SubTxn) -> None:
 def _read_sub(r: Reader, op: int) -> SubTxn:
     path = r.read_ustring("path")
     if op == OpCode.CREATE:
-        data = r.read_buffer("data") or b""
+        data = r.read_buffer("data")
         acl = _read_acl(r)
         return CreateTxn(path, data, acl, r.read_long("owner"), r.read_int("parent_cversion"))
     if op == OpCode.DELETE:
         return DeleteTxn(path)
     if op == OpCode.SET_DATA:
-        data = r.read_buffer("data") or b""
+        data = r.read_buffer("data")
         return SetDataTxn(path, data, r.read_int("version"))
     if op == OpCode.SET_ACL:
         acl = _read_acl(r)

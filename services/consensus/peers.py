@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 # Protocol name and version; a new version is a new magic, and members of different
 # versions do not link (docs/consensus.md: upgrading member by member). Version 2: a leader
 # of three leaves out the Commits that followers infer from its own Acks (zab/node.py),
-# which a version-1 follower would wait for.
-MAGIC: Final = b"DLZAB\x00\x00\x02"
+# which a version-1 follower would wait for. Version 3: transactions may carry null znode
+# data and snapshots are tree format 2 (tree/snapshot.py), which a version-2 member would
+# read as empty data or refuse.
+MAGIC: Final = b"DLZAB\x00\x00\x03"
 _HANDSHAKE: Final = struct.Struct(">8si")
 HANDSHAKE_TIMEOUT: Final = 5.0  # seconds to connect and finish the handshake
 FLUSH_FRAMES: Final = 32  # frames queued in one event-loop turn before they are written anyway

@@ -66,6 +66,9 @@ WRITES: list[Write] = [
     Check("/a", 2),
     Multi((Create("/m", b"1"), SetData("/m", b"2", 0), Check("/m", 1), Delete("/m"))),
     Multi(()),
+    Create("/null", None, OPEN_ACL_UNSAFE, CreateMode.PERSISTENT_SEQUENTIAL),
+    SetData("/null", None, 4),
+    Multi((Create("/m", None), SetData("/m", None, 0), Create("/e", b""), SetData("/e", b""))),
     CreateSession(30_000),
     CloseSession(),
     DeleteContainer("/c"),
@@ -79,6 +82,9 @@ BODIES = [
     SetACLTxn("/a", OPEN_ACL_UNSAFE, 2),
     CheckTxn("/a"),
     MultiTxn((CreateTxn("/m", b"", OPEN_ACL_UNSAFE, 0, 1), CheckTxn("/m"), DeleteTxn("/m"))),
+    CreateTxn("/null", None, OPEN_ACL_UNSAFE, 0, 1),
+    SetDataTxn("/null", None, 2),
+    MultiTxn((CreateTxn("/n", None, ACLS, 0, 3), SetDataTxn("/n", None, 1))),
     CreateSessionTxn(4000),
     CloseSessionTxn(("/e1", "/e2")),
     SyncTxn("/s"),
@@ -97,6 +103,38 @@ def test_write_round_trip(request_: Write) -> None:
 def test_transaction_round_trip(body: object) -> None:
     logged = Logged(1_795_000_000_000, 0x0100_0000_0000_002A, body)  # type: ignore[arg-type]
     assert decode_logged(encode_logged(logged)) == logged
+
+
+def test_null_data_is_a_null_buffer_and_empty_an_empty_one() -> None:
+    """Null data travels as a jute buffer of length -1, empty data as one of length 0, on
+    both the setData shortcut and the field-by-field path; each reads back as itself."""
+    version = b"\x00\x00\x00\x07"
+    for data, buffer in ((None, b"\xff\xff\xff\xff"), (b"", b"\x00\x00\x00\x00")):
+        body = SetDataTxn("/a", data, 7)
+        for encode in (encode_logged, encode_logged_in_full):
+            raw = encode(Logged(1, 2, body))
+            assert raw.endswith(b"/a" + buffer + version)
+            assert decode_logged(raw).body == body
+            assert decode_logged_in_full(raw).body == body
+        raw = encode_write(Session(1), SetData("/a", data, 7))
+        assert raw.endswith(b"/a" + buffer + version)
+        assert decode_write(raw)[1] == SetData("/a", data, 7)
+        create = encode_logged(Logged(1, 2, CreateTxn("/a", data, (), 0, 1)))
+        assert b"/a" + buffer + b"\x00\x00\x00\x00" in create  # data, then no ACL entries
+        assert decode_logged(create).body == CreateTxn("/a", data, (), 0, 1)
+
+
+# Transactions as members logged them before null data was kept (empty data, length 0):
+# they read as they did.
+OLD_SET_DATA = bytes.fromhex("0000000000000001000000000000000200000005000000022f610000000000000003")
+OLD_CREATE = bytes.fromhex(
+    "0000000000000001000000000000000200000001000000022f610000000000000000000000000000000000000001"
+)
+
+
+def test_transactions_logged_before_null_data_read_as_before() -> None:
+    assert decode_logged(OLD_SET_DATA) == Logged(1, 2, SetDataTxn("/a", b"", 3))
+    assert decode_logged(OLD_CREATE) == Logged(1, 2, CreateTxn("/a", b"", (), 0, 1))
 
 
 def test_txn_carries_the_entry_zxid() -> None:
@@ -132,7 +170,7 @@ def test_unknown_opcode_is_refused() -> None:
 SET_DATA_TXNS = st.builds(
     SetDataTxn,
     st.text(max_size=40),
-    st.binary(max_size=100),
+    st.one_of(st.none(), st.binary(max_size=100)),
     st.integers(-(2**31), 2**31 - 1),
 )
 

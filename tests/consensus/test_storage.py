@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.consensus.payloads import Logged, decode_logged, encode_logged
 from services.consensus.storage import (
     CorruptHardStateError,
     DataDir,
@@ -27,6 +28,18 @@ from services.consensus.storage import (
 )
 from services.consensus.storage.snapshots import snapshot_name
 from services.consensus.storage.txn_log import RECORD_HEADER, encode_record, segment_name
+from services.consensus.tree import (
+    OPEN_ACL_UNSAFE,
+    Create,
+    CreateMode,
+    CreateSession,
+    DataTree,
+    Multi,
+    Request,
+    Session,
+    SetData,
+    Txn,
+)
 from services.consensus.zab import EMPTY_SNAPSHOT, HardState, LogEntry, PersistedState, make_zxid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -576,3 +589,65 @@ def test_truncate_drops_snapshots_above(tmp_path: Path) -> None:
         state = data_dir.load()
     assert state.snapshot.zxid == entry(10).zxid
     assert state.log == tuple(entries(11, 8))
+
+
+# -- null znode data through the data directory -------------------------------------------
+
+
+def test_null_and_empty_znode_data_survive_a_reload(tmp_path: Path) -> None:
+    """A tree rebuilt from a data directory (its snapshot, then the log after it) holds
+    null data (None) and empty data (b"") where the member's tree held them."""
+    tree, session = DataTree(), Session(5)
+
+    def logged(counter: int, request: Request) -> LogEntry:
+        zxid = make_zxid(1, counter)
+        txn = tree.prepare(request, session, zxid, 1_000 + counter)
+        assert isinstance(txn, Txn), txn
+        tree.apply(txn)
+        return LogEntry(zxid, encode_logged(Logged(txn.time_ms, txn.session_id, txn.body)))
+
+    before: list[Request] = [
+        CreateSession(30_000),
+        Create("/snap-null", None, OPEN_ACL_UNSAFE),
+        Create("/snap-empty", b"", OPEN_ACL_UNSAFE),
+        Create("/snap-seq-null-", None, OPEN_ACL_UNSAFE, CreateMode.PERSISTENT_SEQUENTIAL),
+        Create("/snap-eph-null", None, OPEN_ACL_UNSAFE, CreateMode.EPHEMERAL),
+        Create("/snap-set-null", b"x", OPEN_ACL_UNSAFE),
+        SetData("/snap-set-null", None),
+    ]
+    after: list[Request] = [
+        Create("/log-null", None, OPEN_ACL_UNSAFE, CreateMode.CONTAINER),
+        Create("/log-empty", b"", OPEN_ACL_UNSAFE),
+        SetData("/snap-null", b""),
+        SetData("/snap-empty", None),
+        Multi((Create("/multi-null", None, OPEN_ACL_UNSAFE), SetData("/log-empty", None))),
+    ]
+    with DataDir(tmp_path) as data_dir:
+        data_dir.save_hard_state(HardState(1, 1, 1))
+        data_dir.append([logged(n, r) for n, r in enumerate(before, start=1)])
+        data_dir.sync()
+        data_dir.save_snapshot(tree.last_zxid, tree.snapshot())
+        data_dir.append([logged(n, r) for n, r in enumerate(after, start=len(before) + 1)])
+        data_dir.sync()
+
+    state = load(tmp_path)
+    assert state.snapshot.zxid == make_zxid(1, len(before)) and len(state.log) == len(after)
+    restored = DataTree.from_snapshot(state.snapshot.data)
+    assert restored.nodes["/snap-null"].data is None
+    assert restored.nodes["/snap-set-null"].data is None
+    assert restored.nodes["/snap-empty"].data == b""
+    for entry_ in state.log:
+        restored.apply(decode_logged(entry_.payload).txn(entry_.zxid))
+    restored.check_invariants()
+    assert {p: n.data for p, n in restored.nodes.items()} == {
+        "/": b"",
+        "/snap-null": b"",
+        "/snap-empty": None,
+        "/snap-seq-null-0000000002": None,
+        "/snap-eph-null": None,
+        "/snap-set-null": None,
+        "/log-null": None,
+        "/log-empty": None,
+        "/multi-null": None,
+    }
+    assert restored.digest() == tree.digest()

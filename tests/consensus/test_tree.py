@@ -550,6 +550,99 @@ def test_corrupt_snapshots_are_rejected(h: Harness) -> None:
         assert target.digest() == empty
 
 
+# -- null data ----------------------------------------------------------------------------
+
+
+def test_null_data_is_kept_apart_from_empty(h: Harness) -> None:
+    """Null data (None) reads back as None, empty as b""; both have dataLength 0."""
+    s = h.session(1)
+    creates = {
+        "/null": (None, CreateMode.PERSISTENT),
+        "/empty": (b"", CreateMode.PERSISTENT),
+        "/eph-null": (None, CreateMode.EPHEMERAL),
+        "/seq-null-": (None, CreateMode.PERSISTENT_SEQUENTIAL),
+        "/eseq-null-": (None, CreateMode.EPHEMERAL_SEQUENTIAL),
+        "/container-null": (None, CreateMode.CONTAINER),
+    }
+    want: dict[str, bytes | None] = {}
+    for path, (data, mode) in creates.items():
+        result = h.ok(Create(path, data, OPEN_ACL_UNSAFE, mode), s).result
+        assert isinstance(result, CreateResult) and result.stat.data_length == 0
+        body = h.log[-1].body
+        assert isinstance(body, CreateTxn) and body.data == data
+        want[result.path] = data
+    h.ok(Create("/set-null", b"abc", OPEN_ACL_UNSAFE), s)
+    h.ok(Create("/set-empty", None, OPEN_ACL_UNSAFE), s)
+    for path, data in (("/set-null", None), ("/set-empty", b"")):
+        result = h.ok(SetData(path, data), s).result
+        assert isinstance(result, SetDataResult)
+        assert (result.stat.data_length, result.stat.version) == (0, 1)
+        want[path] = data
+    multi = Multi(
+        (
+            Create("/multi-null", None, OPEN_ACL_UNSAFE),
+            Create("/multi-empty", b"", OPEN_ACL_UNSAFE),
+            SetData("/null", b"", 0),
+            SetData("/empty", None, 0),
+        )
+    )
+    results = h.ok(multi, s).result
+    assert isinstance(results, MultiResult)
+    assert [r.stat.data_length for r in results.results if isinstance(r, SetDataResult)] == [0, 0]
+    want |= {"/multi-null": None, "/multi-empty": b"", "/null": b"", "/empty": None}
+
+    def check(tree: DataTree) -> None:
+        tree.check_invariants()
+        for path, data in want.items():
+            got, stat = tree.get_data(path, s)
+            assert (got, stat.data_length) == (data, 0), path
+        assert tree.get_data("/", s)[0] == b""  # the root holds empty data, as ZooKeeper's
+
+    check(h.tree)
+    assert h.tree.data_size == sum(len(p) for p in h.tree.nodes)  # null counts 0 bytes
+    copy = DataTree.from_snapshot(h.tree.snapshot())
+    check(copy)
+    assert copy.digest() == h.tree.digest()
+    replica = DataTree()
+    for txn in h.log:
+        replica.apply(txn)
+    check(replica)
+    # Null and empty make different trees, so different digests and snapshots.
+    h.tree.nodes["/null"].data = None
+    assert h.tree.digest() != copy.digest()
+
+
+# A snapshot written by the format-1 encoder (before null data was kept): a session, the
+# root, /a holding b"x" and /e holding b"".
+SNAPSHOT_V1 = bytes.fromhex(
+    "444c5a54000100000000013f5b319ffa0000000000000003000000010000000000000001000075300000"
+    "0003000000012f000000000000000000000000000000000000000000000000000000000000000000000000"
+    "00000002000000000000000000000000000000000000000300000000000000010000001f00000005776f72"
+    "6c6400000006616e796f6e65000000022f610000000000000002000000000000000200000000000003fc00"
+    "000000000003fc00000000000000000000000000000000000000000000000000000002000000017800000001"
+    "0000001f00000005776f726c6400000006616e796f6e65000000022f650000000000000003000000000000"
+    "0003000000000000040600000000000004060000000000000000000000000000000000000000000000000000"
+    "000300000000000000010000001f00000005776f726c6400000006616e796f6e65"
+)
+
+
+def test_format_1_snapshots_still_load() -> None:
+    tree = DataTree.from_snapshot(SNAPSHOT_V1)
+    tree.check_invariants()
+    assert tree.last_zxid == 3 and tree.sessions == {1: 30_000}
+    assert {p: n.data for p, n in tree.nodes.items()} == {"/": b"", "/a": b"x", "/e": b""}
+    assert tree.nodes["/a"].stat().data_length == 1
+    again = tree.snapshot()
+    assert again[4:6] == b"\x00\x02"  # written back as format 2
+    assert DataTree.from_snapshot(again).digest() == tree.digest()
+    # Format 1 has no null: there an all-ones data length is a length, past the end.
+    tree.nodes["/e"].data = None
+    with_null = bytearray(tree.snapshot())
+    with_null[4:6] = b"\x00\x01"
+    with pytest.raises(CorruptSnapshotError):
+        DataTree.from_snapshot(bytes(with_null))
+
+
 # -- random histories -------------------------------------------------------------------
 
 PATHS = ["/a", "/a/b", "/a/b/c", "/c", "/c/d", "/c/d/e", "/e", "/a/s-", "/c/s-"]
@@ -567,7 +660,7 @@ def acls() -> st.SearchStrategy[tuple[ACL, ...]]:
 def ops() -> st.SearchStrategy[Request]:
     path = st.sampled_from(PATHS)
     version = st.sampled_from([-1, -1, 0, 1])
-    data = st.binary(max_size=4)
+    data = st.one_of(st.none(), st.binary(max_size=4))
     create = st.builds(Create, path, data, acls(), st.sampled_from(list(CreateMode)))
     single = st.one_of(
         create,

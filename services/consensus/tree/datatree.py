@@ -48,7 +48,7 @@ from services.consensus.tree.model import (
     parent_of,
     validate_path,
 )
-from services.consensus.tree.node import Node
+from services.consensus.tree.node import Node, data_length
 from services.consensus.tree.prep import Preparer
 from services.consensus.tree.snapshot import decode, encode, encode_body
 from services.consensus.tree.watches import WatchManager
@@ -66,7 +66,7 @@ def _valid(path: str) -> None:
 
 
 def _data_size(nodes: dict[str, Node]) -> int:
-    return sum(len(path) + len(node.data) for path, node in nodes.items())
+    return sum(len(path) + data_length(node.data) for path, node in nodes.items())
 
 
 def is_ephemeral_owner(owner: int) -> bool:
@@ -138,7 +138,7 @@ class DataTree:
         if isinstance(op, SetDataTxn):
             node = self.nodes[op.path]
             assert op.version == inc32(node.version), (op, node.version)
-            self.data_size += len(op.data) - len(node.data)
+            self.data_size += data_length(op.data) - data_length(node.data)
             node.data = op.data
             node.version = op.version
             node.mzxid = txn.zxid
@@ -175,7 +175,7 @@ class DataTree:
             pzxid=txn.zxid,
         )
         self.nodes[path] = node
-        self.data_size += len(path) + len(op.data)
+        self.data_size += len(path) + data_length(op.data)
         parent.children.add(name_of(path))
         parent.cversion = op.parent_cversion
         parent.pzxid = txn.zxid
@@ -192,7 +192,7 @@ class DataTree:
         """Remove a childless node; like ZooKeeper, the parent's cversion stays put."""
         node = self.nodes.pop(path)
         assert not node.children, path
-        self.data_size -= len(path) + len(node.data)
+        self.data_size -= len(path) + data_length(node.data)
         parent_path = parent_of(path)
         parent = self.nodes[parent_path]
         parent.children.remove(name_of(path))
@@ -236,7 +236,10 @@ class DataTree:
         node = self.nodes.get(path)
         return None if node is None else node.stat()
 
-    def get_data(self, path: str, session: Session, watch: bool = False) -> tuple[bytes, Stat]:
+    def get_data(
+        self, path: str, session: Session, watch: bool = False
+    ) -> tuple[bytes | None, Stat]:
+        """The node's data (None for null data, apart from b"") and its Stat."""
         node = self._readable(path, session)
         sid = self._watcher(session, watch)
         if sid is not None:

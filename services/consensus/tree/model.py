@@ -32,7 +32,7 @@ class Session:
 @record
 class Create:
     path: str
-    data: bytes = b""
+    data: bytes | None = b""  # None: null data (a jute buffer of length -1), not b""
     acl: tuple[ACL, ...] = ()
     mode: CreateMode = CreateMode.PERSISTENT
 
@@ -46,7 +46,7 @@ class Delete:
 @record
 class SetData:
     path: str
-    data: bytes
+    data: bytes | None
     version: int = -1
 
 
@@ -96,7 +96,7 @@ Request = MultiOp | Multi | DeleteContainer | CreateSession | CloseSession
 @record
 class CreateTxn:
     path: str
-    data: bytes
+    data: bytes | None
     acl: tuple[ACL, ...]
     ephemeral_owner: int  # 0, a session id, or CONTAINER_OWNER
     parent_cversion: int  # the parent's cversion after this create
@@ -110,7 +110,7 @@ class DeleteTxn:
 @record
 class SetDataTxn:
     path: str
-    data: bytes
+    data: bytes | None
     version: int  # the node's version after this write
 
 

@@ -1,4 +1,9 @@
-"""A znode as the tree stores it: data, ACL, the persisted stat fields, child names."""
+"""A znode as the tree stores it: data, ACL, the persisted stat fields, child names.
+
+Data is None for a znode created or last set with null data (a jute buffer of length -1),
+which ZooKeeper keeps apart from empty data: getData returns null for it, and its Stat's
+dataLength is 0 like an empty znode's.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,14 @@ from dataclasses import dataclass, field
 from services.consensus.jute.records import ACL, Stat
 
 
+def data_length(data: bytes | None) -> int:
+    """The Stat's dataLength: 0 for null data, as ZooKeeper's DataNode.copyStat has it."""
+    return 0 if data is None else len(data)
+
+
 @dataclass(slots=True)
 class Node:
-    data: bytes
+    data: bytes | None
     acl: tuple[ACL, ...]
     czxid: int
     mzxid: int
@@ -32,7 +42,7 @@ class Node:
             self.cversion,
             self.aversion,
             self.ephemeral_owner,
-            len(self.data),
+            0 if self.data is None else len(self.data),  # data_length, inline
             len(self.children),
             self.pzxid,
         )

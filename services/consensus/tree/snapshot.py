@@ -1,8 +1,8 @@
 """Snapshot encoding of the replicated state: last zxid, live sessions, every znode.
 
-Format, version 1, big-endian:
+Format, version 2, big-endian:
 
-    header  magic b"DLZT" | u16 format version (1) | u16 flags (0) | u32 body length
+    header  magic b"DLZT" | u16 format version (2) | u16 flags (0) | u32 body length
             | u32 CRC-32 (zlib) of the body
     body    i64 last_zxid
             u32 session count, then per session in id order: i64 id, i32 timeout_ms
@@ -12,6 +12,10 @@ Format, version 1, big-endian:
                 | u32 data length, data | u32 ACL count, then per entry: i32 perms,
                 str scheme, str id
     str     u32 length, UTF-8 bytes
+
+A data length of 0xFFFFFFFF (-1 as an i32, as jute writes null) is null data, with no
+bytes after it; version 1, written before null data was kept, is the same format without
+that value (its nodes all hold bytes), and is still read.
 
 The body is canonical (sorted, derived fields left out), so its SHA-256 doubles as the
 tree digest. Watches and auth ids are per-server, not replicated, and are not included.
@@ -29,13 +33,16 @@ from services.consensus.tree.model import parent_of, validate_path
 from services.consensus.tree.node import Node
 
 MAGIC = b"DLZT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+NULL_LENGTH = 0xFFFF_FFFF  # u32 data length of null data (version 2)
 _HEADER = struct.Struct(">4sHHII")
 _Q = struct.Struct(">q")
 _I = struct.Struct(">I")
 _SESSION = struct.Struct(">qi")
 _STAT = struct.Struct(">qqqqiiiqq")
 _PERMS = struct.Struct(">i")
+_NULL = _I.pack(NULL_LENGTH)
 
 
 def _str(out: list[bytes], text: str) -> None:
@@ -64,8 +71,11 @@ def encode_body(last_zxid: int, sessions: Mapping[int, int], nodes: Mapping[str,
                 n.pzxid,
             )
         )
-        out.append(_I.pack(len(n.data)))
-        out.append(n.data)
+        if n.data is None:
+            out.append(_NULL)
+        else:
+            out.append(_I.pack(len(n.data)))
+            out.append(n.data)
         out.append(_I.pack(len(n.acl)))
         for entry in n.acl:
             out.append(_PERMS.pack(entry.perms))
@@ -116,7 +126,7 @@ def decode(blob: bytes) -> tuple[int, dict[int, int], dict[str, Node]]:
     magic, version, flags, length, crc = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise CorruptSnapshotError(f"bad magic {magic!r}")
-    if version != FORMAT_VERSION or flags != 0:
+    if version not in READABLE_VERSIONS or flags != 0:
         raise CorruptSnapshotError(f"unsupported snapshot version {version} flags {flags}")
     body = blob[_HEADER.size :]
     if len(body) != length:
@@ -133,7 +143,8 @@ def decode(blob: bytes) -> tuple[int, dict[int, int], dict[str, Node]]:
     for _ in range(r.u32()):
         path = r.text()
         czxid, mzxid, ctime, mtime, ver, cver, aver, owner, pzxid = r.unpack(_STAT)
-        data = r.take(r.u32())
+        data_length = r.u32()
+        data = None if data_length == NULL_LENGTH and version >= 2 else r.take(data_length)
         acl = []
         for _ in range(r.u32()):
             (perms,) = r.unpack(_PERMS)
