@@ -85,7 +85,7 @@ imagePullSecrets:
 {{- $root := . -}}
 {{- $hosts := list -}}
 {{- range $i := until (int .Values.consensus.replicaCount) -}}
-{{- $hosts = append $hosts (printf "%s:%d" (include "directlog.podHost" (dict "root" $root "component" "consensus" "ordinal" $i)) (int $root.Values.consensus.ports.client)) -}}
+{{- $hosts = append $hosts (printf "%s:%d" (include "directlog.podHost" (dict "root" $root "component" "consensus" "ordinal" $i)) (int (include "directlog.consensusClientPort" $root))) -}}
 {{- end -}}
 {{- join "," $hosts -}}
 {{- end -}}
@@ -245,6 +245,7 @@ Values that are maps or lists go as JSON, which the settings parse. */}}
 {{- if and .Values.spark.operator.enabled (not .Values.spark.enabled) -}}
 {{- fail "spark.operator.enabled needs spark.enabled (the driver's ServiceAccount and Role)" -}}
 {{- end -}}
+{{- include "directlog.validateSecurity" . -}}
 {{- end -}}
 
 {{/* The remote store's variables, the same for the broker and its tiering sidecar
@@ -366,4 +367,199 @@ floats: 86400000 would print as 8.64e+07). */}}
 {{- $args = append $args "--rdma-consume" -}}
 {{- end -}}
 {{- toJson $args -}}
+{{- end -}}
+
+{{/* Security ---------------------------------------------------------------------------
+What `security` turns on, worked out once: (include "directlog.security" $ | fromJson).
+- listeners: the brokers' Kafka listeners in order (INTERNAL, EXTERNAL, REPLICATION), each
+  {name, protocol, tls, sasl, clientAuth, mechanisms} with clientAuth and mechanisms the
+  listener's own setting or else the broker-wide one (ownClientAuth, ownMechanisms: its own);
+- interBroker: the inter-broker listener's entry; internal: INTERNAL's;
+- tls / sasl: some listener uses TLS / SASL; links: mutual TLS between the services;
+- adminClient: the chart's admin clients (topics Job, drain hook) need INTERNAL's client
+  settings, and admin: their SASL login {mechanism, username, existingSecret, passwordKey};
+- superUsers: authorization.superUsers and the brokers' own user on a SASL inter-broker
+  listener. */}}
+{{- define "directlog.security" -}}
+{{- $s := .Values.security -}}
+{{- $l := $s.listeners -}}
+{{- $given := list (dict "name" "INTERNAL" "values" $l.internal) -}}
+{{- if .Values.broker.external.enabled -}}
+{{- $given = append $given (dict "name" "EXTERNAL" "values" $l.external) -}}
+{{- end -}}
+{{- if $l.interBroker.enabled -}}
+{{- $given = append $given (dict "name" "REPLICATION" "values" $l.interBroker) -}}
+{{- end -}}
+{{- $listeners := list -}}
+{{- $tls := false -}}
+{{- $sasl := false -}}
+{{- range $given -}}
+{{- $protocol := .values.protocol -}}
+{{- $isTls := has $protocol (list "SSL" "SASL_SSL") -}}
+{{- $isSasl := has $protocol (list "SASL_PLAINTEXT" "SASL_SSL") -}}
+{{- $tls = or $tls $isTls -}}
+{{- $sasl = or $sasl $isSasl -}}
+{{- $listeners = append $listeners (dict "name" .name "protocol" $protocol "tls" $isTls "sasl" $isSasl "ownClientAuth" (.values.sslClientAuth | default "") "ownMechanisms" (.values.saslMechanisms | default list) "clientAuth" (.values.sslClientAuth | default $s.tls.clientAuth) "mechanisms" (.values.saslMechanisms | default $s.sasl.enabledMechanisms)) -}}
+{{- end -}}
+{{- $internal := first $listeners -}}
+{{- $interBroker := $internal -}}
+{{- if $l.interBroker.enabled -}}
+{{- $interBroker = last $listeners -}}
+{{- end -}}
+{{- $admin := $s.sasl.admin -}}
+{{- if not $admin.username -}}
+{{- $admin = $s.sasl.interBroker -}}
+{{- end -}}
+{{- $superUsers := $s.authorization.superUsers | default list -}}
+{{- if $interBroker.sasl -}}
+{{- $superUsers = append $superUsers (printf "User:%s" $s.sasl.interBroker.username) -}}
+{{- end -}}
+{{- toJson (dict "listeners" $listeners "internal" $internal "interBroker" $interBroker "tls" $tls "sasl" $sasl "links" $s.serviceLinks.enabled "adminClient" (ne $internal.protocol "PLAINTEXT") "admin" $admin "superUsers" ($superUsers | uniq)) -}}
+{{- end -}}
+
+{{/* Where the Secrets are mounted, each as a whole volume (a subPath would never see a
+renewal): the Kafka listeners' certificate, the service links' certificate of the pod's
+component, the SCRAM bootstrap users. */}}
+{{- define "directlog.kafkaTlsDir" -}}/var/run/secrets/directlog/kafka-tls{{- end -}}
+{{- define "directlog.linkTlsDir" -}}/var/run/secrets/directlog/link-tls{{- end -}}
+{{- define "directlog.scramUsersDir" -}}/var/run/secrets/directlog/scram-users{{- end -}}
+{{- define "directlog.adminClientDir" -}}/etc/directlog/admin{{- end -}}
+
+{{/* The chart's admin clients (the topics Job, the drain hook, /etc/directlog/admin/directlog
+in a broker container) with a secured INTERNAL listener: its client settings as kafka-python
+names them, for files/admin-client/login.py. */}}
+{{- define "directlog.adminClientEnv" -}}
+{{- $s := .Values.security -}}
+{{- $sec := include "directlog.security" . | fromJson -}}
+{{- $internal := $sec.internal -}}
+{{- if $sec.adminClient }}
+- name: KAFKA_CLIENT_SECURITY_PROTOCOL
+  value: {{ $internal.protocol }}
+{{- if $internal.sasl }}
+- name: KAFKA_CLIENT_SASL_MECHANISM
+  value: {{ $sec.admin.mechanism }}
+- name: KAFKA_CLIENT_SASL_PLAIN_USERNAME
+  value: {{ $sec.admin.username | quote }}
+- name: KAFKA_CLIENT_SASL_PLAIN_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $sec.admin.existingSecret }}
+      key: {{ $sec.admin.passwordKey }}
+{{- end }}
+{{- if $internal.tls }}
+- name: KAFKA_CLIENT_SSL_CAFILE
+  value: {{ include "directlog.kafkaTlsDir" . }}/ca.crt
+{{- if ne $internal.clientAuth "none" }}
+# INTERNAL asks for a client certificate: the brokers' own.
+- name: KAFKA_CLIENT_SSL_CERTFILE
+  value: {{ include "directlog.kafkaTlsDir" . }}/tls.crt
+- name: KAFKA_CLIENT_SSL_KEYFILE
+  value: {{ include "directlog.kafkaTlsDir" . }}/tls.key
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A TlsFiles setting as JSON for the files of a kubernetes.io/tls Secret mounted at a
+directory: (include "directlog.tlsFiles" "/var/run/secrets/directlog/link-tls") */}}
+{{- define "directlog.tlsFiles" -}}
+{{- toJson (dict "cert_file" (printf "%s/tls.crt" .) "key_file" (printf "%s/tls.key" .) "ca_file" (printf "%s/ca.crt" .)) -}}
+{{- end -}}
+
+{{/* A listener's own TLS client auth and SASL mechanisms, as the fields that follow its
+other ones in DIRECTLOG_LISTENERS (nothing when it has none of its own).
+(dict "security" $security "name" "INTERNAL") */}}
+{{- define "directlog.listenerExtras" -}}
+{{- $name := .name -}}
+{{- range .security.listeners -}}
+{{- if eq .name $name -}}
+{{- if and .tls .ownClientAuth -}},"ssl_client_auth":{{ toJson .ownClientAuth }}{{- end -}}
+{{- if and .sasl .ownMechanisms -}},"sasl_enabled_mechanisms":{{ toJson .ownMechanisms }}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The consensus members' client port: the TLS one with the service links secured. */}}
+{{- define "directlog.consensusClientPort" -}}
+{{- if .Values.security.serviceLinks.enabled -}}
+{{- .Values.consensus.ports.secureClient -}}
+{{- else -}}
+{{- .Values.consensus.ports.client -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Security settings that depend on each other or on other values. */}}
+{{- define "directlog.validateSecurity" -}}
+{{- $s := .Values.security -}}
+{{- $sec := include "directlog.security" . | fromJson -}}
+{{- range $sec.listeners -}}
+{{- if and .tls (not $s.tls.existingSecret) -}}
+{{- fail (printf "the %s listener is %s: set security.tls.existingSecret, the Secret with the brokers' certificate (tls.crt, tls.key, ca.crt)" .name .protocol) -}}
+{{- end -}}
+{{- end -}}
+{{- $ib := $sec.interBroker -}}
+{{- if $ib.sasl -}}
+{{- if not $s.sasl.interBroker.existingSecret -}}
+{{- fail (printf "the inter-broker listener %s is %s: set security.sasl.interBroker.existingSecret, the Secret with the password of %q" $ib.name $ib.protocol $s.sasl.interBroker.username) -}}
+{{- end -}}
+{{- if not (has $s.sasl.interBroker.mechanism $ib.mechanisms) -}}
+{{- fail (printf "security.sasl.interBroker.mechanism %s is not enabled on the inter-broker listener %s (%s)" $s.sasl.interBroker.mechanism $ib.name (join ", " $ib.mechanisms)) -}}
+{{- end -}}
+{{- end -}}
+{{- $internal := $sec.internal -}}
+{{- if $internal.sasl -}}
+{{- if not $sec.admin.existingSecret -}}
+{{- fail (printf "the INTERNAL listener is %s: the chart's admin clients (the topics Job, the scale-down drain hook) log in as security.sasl.admin, else as security.sasl.interBroker: set the existingSecret of one" $internal.protocol) -}}
+{{- end -}}
+{{- if not (has $sec.admin.mechanism $internal.mechanisms) -}}
+{{- fail (printf "the admin clients' SASL mechanism %s is not enabled on the INTERNAL listener (%s)" $sec.admin.mechanism (join ", " $internal.mechanisms)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.spark.enabled (ne $internal.protocol "PLAINTEXT") -}}
+{{- fail (printf "spark.enabled with the INTERNAL listener %s: the directlog Spark data source reads over PLAINTEXT only" $internal.protocol) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The brokers' security settings (docs/security.md), each only when it is in use, so a
+render without `security` is what it was. */}}
+{{- define "directlog.brokerSecurityEnv" -}}
+{{- $s := .Values.security -}}
+{{- $sec := include "directlog.security" . | fromJson -}}
+{{- if $sec.tls }}
+- name: DIRECTLOG_SSL
+  value: {{ include "directlog.tlsFiles" (include "directlog.kafkaTlsDir" .) | quote }}
+- name: DIRECTLOG_SSL_CLIENT_AUTH
+  value: {{ $s.tls.clientAuth | quote }}
+{{- end }}
+{{- if $sec.sasl }}
+- name: DIRECTLOG_SASL_ENABLED_MECHANISMS
+  value: {{ toJson $s.sasl.enabledMechanisms | quote }}
+{{- end }}
+{{- if $sec.interBroker.sasl }}
+- name: DIRECTLOG_INTER_BROKER_SASL_MECHANISM
+  value: {{ $s.sasl.interBroker.mechanism | quote }}
+- name: DIRECTLOG_INTER_BROKER_SASL_USERNAME
+  value: {{ $s.sasl.interBroker.username | quote }}
+- name: DIRECTLOG_INTER_BROKER_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $s.sasl.interBroker.existingSecret }}
+      key: {{ $s.sasl.interBroker.passwordKey }}
+{{- end }}
+{{- if $s.authorization.enabled }}
+- name: DIRECTLOG_AUTHORIZER_ENABLED
+  value: "true"
+- name: DIRECTLOG_SUPER_USERS
+  value: {{ toJson $sec.superUsers | quote }}
+- name: DIRECTLOG_ALLOW_EVERYONE_IF_NO_ACL_FOUND
+  value: {{ $s.authorization.allowEveryoneIfNoAclFound | quote }}
+{{- end }}
+{{- if $sec.links }}
+- name: DIRECTLOG_CONTROLLER_TLS
+  value: {{ include "directlog.tlsFiles" (include "directlog.linkTlsDir" .) | quote }}
+{{- if .Values.tiering.enabled }}
+- name: DIRECTLOG_TIERING_TLS
+  value: {{ include "directlog.tlsFiles" (include "directlog.linkTlsDir" .) | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
