@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from directlog.admin import brokers, groups, leaders, reassignment, topics
+from directlog.admin.client_config import ENV_PREFIX, ClientConfigError, read_client_config
 from directlog.admin.output import EXIT_ERROR, Report, render
 from directlog.admin.plans import Assignment, PlanError, parse_plan
 from directlog.admin.session import AdminError, Session
@@ -74,8 +75,17 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument(
         "--bootstrap-server",
         metavar="HOST:PORT[,HOST:PORT]",
-        default=default(os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP),
-        help=f"brokers to bootstrap from (default: ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP})",
+        default=default(None),
+        help="brokers to bootstrap from (default: the --command-config file's "
+        f"bootstrap.servers, else ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP})",
+    )
+    parser.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=default(None),
+        help="Kafka client properties to log in with (security.protocol, sasl.mechanism, "
+        "sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location, "
+        f"ssl.key.location, ...); ${ENV_PREFIX}<NAME> variables override them",
     )
     parser.add_argument(
         "--timeout",
@@ -301,13 +311,24 @@ def _read_plan(path: str) -> Assignment:
         raise AdminError(f"the plan is refused, nothing was submitted:\n{error}") from None
 
 
+def bootstrap_servers(given: str | None, from_file: str | None) -> str:
+    """--bootstrap-server, else the --command-config file's bootstrap.servers, else
+    $DIRECTLOG_BOOTSTRAP_SERVERS (a broker pod's own address), else 127.0.0.1:9092."""
+    return given or from_file or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # kafka-python logs connection trouble as it retries; what failed is reported once,
     # as the command's error.
     logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
     try:
-        with Session(args.bootstrap_server, args.timeout) as session:
+        try:
+            client, file_bootstrap = read_client_config(args.command_config, os.environ)
+        except ClientConfigError as error:
+            raise AdminError(str(error)) from None
+        bootstrap = bootstrap_servers(args.bootstrap_server, file_bootstrap)
+        with Session(bootstrap, args.timeout, client) as session:
             run: Command = args.run
             report = run(session, args)
     except AdminError as error:

@@ -9,12 +9,14 @@ refusal is shown with Kafka's error name and the broker's message.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from directlog.admin.client_config import ClientConfigError, read_client_config
 from directlog.admin.plans import Assignment, Broker, Partition
 from directlog.protocol.errors import ErrorCode
 
@@ -104,21 +106,30 @@ class ClusterView:
 
 class Session:
     """A KafkaAdminClient against the bootstrap servers, every request bounded by
-    `timeout` seconds."""
+    `timeout` seconds, logged in with `client` (kafka-python settings, from
+    directlog.admin.client_config; by default the DIRECTLOG_CLIENT_* variables)."""
 
-    def __init__(self, bootstrap: str, timeout: float) -> None:
+    def __init__(
+        self, bootstrap: str, timeout: float, client: Mapping[str, Any] | None = None
+    ) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
         servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
         if not servers:
             raise AdminError("no bootstrap server given")
         timeout_ms = max(1, int(timeout * 1000))
+        if client is None:
+            try:
+                client, _ = read_client_config(None, os.environ)
+            except ClientConfigError as error:
+                raise AdminError(str(error)) from None
         try:
             self.kafka: Any = KafkaAdminClient(
                 bootstrap_servers=servers,
                 client_id="directlog-admin",
                 request_timeout_ms=timeout_ms,
                 bootstrap_timeout_ms=timeout_ms,
+                **client,
             )
         except kafka_errors.KafkaError as error:
             raise AdminError(f"cannot reach the cluster at {bootstrap}: {error}") from None

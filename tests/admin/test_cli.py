@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from directlog.admin.cli import BOOTSTRAP_ENV, build_parser, main
+from directlog.admin.cli import BOOTSTRAP_ENV, bootstrap_servers, build_parser, main
 from directlog.admin.session import describe_error, error_name
 
 
@@ -15,14 +15,16 @@ def test_connection_options_go_before_or_after_the_command(monkeypatch):
     after = parser.parse_args(["topics", "list", "--bootstrap-server", "b:1", "--output", "json"])
     for args in (before, after):
         assert (args.bootstrap_server, args.output, args.timeout) == ("b:1", "json", 30.0)
-    assert parser.parse_args(["brokers", "list"]).bootstrap_server == "127.0.0.1:9092"
+    assert parser.parse_args(["brokers", "list"]).bootstrap_server is None
+    assert bootstrap_servers(None, None) == "127.0.0.1:9092"
 
 
-def test_the_bootstrap_servers_default_to_the_environment(monkeypatch):
+def test_the_bootstrap_servers_default_to_the_file_then_the_environment(monkeypatch):
     monkeypatch.setenv(BOOTSTRAP_ENV, "broker-0.broker:9092")
-    assert build_parser().parse_args(["topics", "list"]).bootstrap_server == (
-        "broker-0.broker:9092"
-    )
+    given = build_parser().parse_args(["topics", "list"]).bootstrap_server
+    assert bootstrap_servers(given, None) == "broker-0.broker:9092"
+    assert bootstrap_servers(given, "secure:9093") == "secure:9093"
+    assert bootstrap_servers("b:1", "secure:9093") == "b:1"
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ connection that has not authenticated allowed only ApiVersions and SASL, in smal
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -26,6 +27,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.test_admin_cli import DIRECTLOG
 from tests.e2e.test_tls_listeners import Pki
 
 with warnings.catch_warnings():
@@ -204,6 +206,44 @@ def test_clients_log_in_with_scram_and_plain(tmp_path: Path, pki: Pki, clients: 
             timeout=60,
         ).stdout
         assert b"kcat-scram" in out
+
+        # the admin CLI: a properties file as the banner of `make run SECURE=1` prints it,
+        # then the variables a pod takes from a Secret
+        properties = tmp_path / "client.properties"
+        properties.write_text(
+            "".join(
+                f"{key}={value}\n"
+                for key, value in {"bootstrap.servers": sasl_ssl, **alice}.items()
+            )
+        )
+        listed = admin_cli("--command-config", str(properties), "topics", "list")
+        assert listed.returncode == 0 and "logins" in listed.stdout, listed.stderr
+        variables = {
+            f"DIRECTLOG_CLIENT_{key.upper().replace('.', '_')}": value
+            for key, value in plain("carol", "carol-secret").items()
+        }
+        listed = admin_cli("--bootstrap-server", sasl_plain, "topics", "list", env=variables)
+        assert listed.returncode == 0 and "logins" in listed.stdout, listed.stderr
+        refused = admin_cli(
+            "--bootstrap-server",
+            sasl_plain,
+            "topics",
+            "list",
+            env={**variables, "DIRECTLOG_CLIENT_SASL_PASSWORD": "wrong"},
+        )
+        assert refused.returncode == 1 and "directlog: error:" in refused.stderr
+
+
+def admin_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`directlog --timeout 20 ARGS`, with `env` added to this process's environment."""
+    return subprocess.run(
+        [str(DIRECTLOG), "--timeout", "20", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_wrong_passwords_and_unknown_users_are_refused(tmp_path: Path, pki: Pki) -> None:
