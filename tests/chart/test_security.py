@@ -22,12 +22,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
+from directlog.admin.client_config import ENV_PREFIX as CLIENT_PREFIX
 from directlog.kube import scale_down
 from directlog.security import grpc_tls
 from directlog.security.certs import Certificate, CertificateAuthority
@@ -39,7 +41,8 @@ from services.consensus.settings import ConsensusSettings, parse_address
 from services.consensus.tls import names_host
 from services.controller.settings import ControllerSettings
 from services.tiering.settings import TieringSettings
-from tests.chart.pods import Exec, PodFacts, run_container
+from tests.chart.apiserver import FakeApiServer, statefulset_path
+from tests.chart.pods import Exec, PodFacts, container_env, run_container
 from tests.chart.render import (
     CHART,
     NAMESPACE,
@@ -58,8 +61,7 @@ from tests.chart.render import (
 pytestmark = pytest.mark.timeout(120)
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds for one in-memory TLS handshake
-ADMIN_TIMEOUT = 30  # seconds for one admin CLI run against a recording client
-ADMIN_DIR = "/etc/directlog/admin"
+ADMIN_TIMEOUT = 30  # seconds for one admin client run against a recording client
 DOMAIN = f"{NAMESPACE}.svc.cluster.local"
 SECRETS_DIR = "/var/run/secrets/directlog"
 
@@ -204,7 +206,8 @@ def _settings(
 
 def _unknown(env: dict[str, str], prefix: str, cls: type[Any]) -> set[str]:
     known = {prefix + name.upper() for name in cls.model_fields} | {cls.config_env}
-    cli = {"DIRECTLOG_BOOTSTRAP_SERVERS"}  # the admin CLI's, in the broker container
+    # the admin CLI's and the drain hook's, in the broker container
+    cli = {n for n in env if n.startswith(CLIENT_PREFIX)} | {"DIRECTLOG_BOOTSTRAP_SERVERS"}
     return {n for n in env if n.startswith(prefix) and n not in known} - cli
 
 
@@ -725,14 +728,14 @@ def test_secrets_are_mounted_whole_and_read_only(name: str) -> None:
     assert found == expected
 
 
-# The topics Job ----------------------------------------------------------------------------
-
 # The chart's admin clients -----------------------------------------------------------------
 
-# Runs login.py (argv: LOGIN and its arguments, JSON) with kafka-python's admin client
-# connecting through a client that records its configuration and refuses to connect.
+# Runs what a container execs (ARGV, JSON: `directlog ARGS`, the images' console script, or
+# `python3 -m MODULE ARGS`) with kafka-python's KafkaAdminClient connecting through a client
+# that records the configuration the admin client was given and refuses to connect.
 RECORDING_RUN = """
 import json, os, runpy, sys
+from importlib import metadata
 import kafka, kafka.errors
 
 def recording_client(**config):
@@ -741,24 +744,23 @@ def recording_client(**config):
     raise kafka.errors.KafkaError("recorded, not connected")
 
 kafka.KafkaAdminClient.DEFAULT_CONFIG["kafka_client"] = recording_client
-sys.argv = json.loads(os.environ["ARGV"])
-runpy.run_path(sys.argv[0], run_name="__main__")
+argv = json.loads(os.environ["ARGV"])
+if argv[0] == "python3":
+    assert argv[1] == "-m", argv
+    sys.argv = [argv[2], *argv[3:]]
+    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+else:
+    [script] = metadata.entry_points(group="console_scripts", name=argv[0])
+    sys.argv = argv
+    sys.exit(script.load()())
 """
 
 
-def _admin_client_files(manifests: list[Manifest], directory: Path) -> Path:
-    """The admin-client ConfigMap's files, written as its volume holds them."""
-    data = one(manifests, "ConfigMap", component("admin-client"))["data"]
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in data.items():
-        (directory / name).write_text(text, encoding="utf-8")
-        (directory / name).chmod(0o555)
-    return directory
-
-
-def _login_run(login: Path, args: list[str], env: dict[str, str], tmp_path: Path) -> Any:
-    """What kafka-python's admin client was configured with when `login.py ARGS` ran the
-    admin CLI with this environment (the CLI then fails: nothing to connect to)."""
+def _admin_run(
+    argv: list[str], env: dict[str, str], tmp_path: Path
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """What KafkaAdminClient was configured with when `argv` ran with this environment and
+    nothing else (the container's), and the run, which then fails: nothing to connect to."""
     seen = tmp_path / "seen.json"
     done = subprocess.run(
         [sys.executable, "-c", RECORDING_RUN],
@@ -766,15 +768,15 @@ def _login_run(login: Path, args: list[str], env: dict[str, str], tmp_path: Path
             **env,
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "SEEN": str(seen),
-            "ARGV": json.dumps([str(login), *args]),
+            "ARGV": json.dumps(argv),
         },
         capture_output=True,
         text=True,
         timeout=ADMIN_TIMEOUT,
     )
-    assert done.returncode == 1, done.stderr  # the CLI's error exit
-    assert "directlog: error: cannot reach the cluster" in done.stderr, done.stderr
-    return json.loads(seen.read_text(encoding="utf-8"))
+    assert seen.exists(), f"{argv} constructed no KafkaAdminClient: {done.stderr}"
+    config: dict[str, Any] = json.loads(seen.read_text(encoding="utf-8"))
+    return config, done
 
 
 def _check_login(
@@ -813,87 +815,105 @@ LOGINS = [
 ]
 
 
+def test_directlog_is_the_admin_cli() -> None:
+    """`directlog` in the images is this package's console script: the recording run
+    starts it the same way."""
+    [script] = metadata.entry_points(group="console_scripts", name="directlog")
+    assert script.value == "directlog.admin.cli:main"
+
+
 @pytest.mark.parametrize(("name", "login", "certificate"), LOGINS)
 def test_topics_job_logs_in(
     name: str, login: tuple[str, str, str] | None, certificate: bool, tmp_path: Path
 ) -> None:
-    """The Job's command, run as the kubelet would, calls the admin CLI through login.py,
-    which gives kafka-python's admin client INTERNAL's settings."""
-    manifests = _scenario(name)
-    spec = _pod_spec(manifests, "Job", component("topics"))
+    """The Job's command, run as the kubelet would, runs `directlog` itself, which gives
+    kafka-python's admin client INTERNAL's settings from the Job's DIRECTLOG_CLIENT_*."""
+    spec = _pod_spec(_scenario(name), "Job", component("topics"))
     job = _container(spec, "topics")
     facts = PodFacts("topics-abcde", NAMESPACE, secrets=dict(SECRET_VALUES))
-    [call] = run_container(job, facts, tmp_path / "run", ["python3"])
-    login_py, args = call.argv[1], call.argv[2:]
-    assert call.mounts[ADMIN_DIR] / "login.py" == Path(login_py)
-    assert args[:7] == [
-        "-m", "directlog.admin.cli", "--bootstrap-server", f"{BOOTSTRAP}:9092",
+    [call] = run_container(job, facts, tmp_path / "run", ["directlog"])
+    assert call.argv[:6] == [
+        "directlog", "--bootstrap-server", f"{BOOTSTRAP}:9092",
         "topics", "create", SCENARIOS[name]["topics"][0]["name"],
     ]  # fmt: skip
-    files = _admin_client_files(manifests, tmp_path / "admin")
-    config = _login_run(files / "login.py", args, call.env, tmp_path)
+    config, done = _admin_run(call.argv, call.env, tmp_path)
+    assert done.returncode == 1, done.stderr  # the CLI's error exit
+    assert "directlog: error: cannot reach the cluster" in done.stderr, done.stderr
     assert config["bootstrap_servers"] == [f"{BOOTSTRAP}:9092"]
     assert config["client_id"] == "directlog-admin"
     _check_login(name, config, spec, job, login, certificate)
+    tls = "SSL" in _security(name)["listeners"]["internal"]["protocol"]
+    assert [v["name"] for v in spec["volumes"]] == ["tmp", *(["kafka-tls"] if tls else [])]
     for volume in (v for v in spec["volumes"] if v["name"] == "kafka-tls" and not certificate):
         # the CA only: the brokers' key stays out of the Job
         assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
 
 
-@pytest.mark.parametrize(("name", "login", "certificate"), LOGINS)
-def test_admin_cli_and_drain_hook_in_a_broker_log_in(
-    name: str,
-    login: tuple[str, str, str] | None,
-    certificate: bool,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """In a broker container the admin CLI (`kubectl exec ... -- /etc/directlog/admin/
-    directlog`) and the scale-down hook reach their own broker by the name its certificate
-    carries, with INTERNAL's settings."""
-    manifests = _scenario(name)
-    call, spec = _run_broker(name, 1, tmp_path / "run")
+def _broker_pod(name: str, ordinal: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """The broker pod's spec, its broker container, and that container's environment as
+    the kubelet gives it to `kubectl exec` and to the preStop hook."""
+    spec = _pod_spec(_scenario(name), "StatefulSet", component("broker"))
     broker = _container(spec, "broker")
+    facts = PodFacts(f"{component('broker')}-{ordinal}", NAMESPACE, secrets=dict(SECRET_VALUES))
+    return spec, broker, container_env(broker, facts)
+
+
+@pytest.mark.parametrize(("name", "login", "certificate"), LOGINS)
+def test_admin_cli_in_a_broker_logs_in(
+    name: str, login: tuple[str, str, str] | None, certificate: bool, tmp_path: Path
+) -> None:
+    """`kubectl exec <broker> -- directlog topics list`, no wrapper: the CLI reaches its own
+    broker by the name its certificate carries, with INTERNAL's settings."""
+    spec, broker, env = _broker_pod(name, 1)
     own = f"{_host('broker', 1)}:9092"
-    assert call.env["DIRECTLOG_BOOTSTRAP_SERVERS"] == own
-    # The hook: scale_down, run by login.py, bootstrapping from the same variable.
-    hook = broker["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[:4] == ["python3", f"{ADMIN_DIR}/login.py", "-m", "directlog.kube.scale_down"]
-    assert scale_down.build_parser().parse_args(hook[4:]).timeout == 300
-    monkeypatch.setenv("DIRECTLOG_BOOTSTRAP_SERVERS", call.env["DIRECTLOG_BOOTSTRAP_SERVERS"])
-    assert scale_down._bootstrap(None) == own
-    # The CLI, as the wrapper in the ConfigMap runs it.
-    files = _admin_client_files(manifests, tmp_path / "admin")
-    wrapper = (files / "directlog").read_text(encoding="utf-8")
-    assert wrapper.startswith("#!/bin/sh\n")
-    assert 'exec python3 "$(dirname "$0")/login.py" -m directlog.admin.cli "$@"' in wrapper
-    config = _login_run(files / "login.py", ["-m", "directlog.admin.cli", "topics", "list"],
-                        call.env, tmp_path)  # fmt: skip
+    assert env["DIRECTLOG_BOOTSTRAP_SERVERS"] == own
+    config, done = _admin_run(["directlog", "topics", "list"], env, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert f"directlog: error: cannot reach the cluster at {own}" in done.stderr, done.stderr
     assert config["bootstrap_servers"] == [own]
+    assert config["client_id"] == "directlog-admin"
     _check_login(name, config, spec, broker, login, certificate)
-    [mount] = [m for m in broker["volumeMounts"] if m["mountPath"] == ADMIN_DIR]
-    assert mount["readOnly"] is True
-    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-    assert volume["configMap"]["name"] == component("admin-client")
 
 
-def test_admin_cli_wrapper_runs_the_cli(tmp_path: Path) -> None:
-    """The wrapper, executed as `kubectl exec` would, reaches the CLI through login.py."""
-    files = _admin_client_files(_scenario("secured"), tmp_path / "admin")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    python3 = bin_dir / "python3"  # the images' python3 has directlog: so has this one
-    python3.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n', encoding="utf-8")
-    python3.chmod(0o755)
-    done = subprocess.run(
-        [str(files / "directlog"), "topics", "create", "--help"],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=ADMIN_TIMEOUT,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "--replication-factor" in done.stdout
+@pytest.mark.parametrize(("name", "login", "certificate"), LOGINS)
+def test_drain_hook_logs_in(
+    name: str, login: tuple[str, str, str] | None, certificate: bool, tmp_path: Path
+) -> None:
+    """The preStop hook, run as the kubelet runs it in a broker scaled away (the test API
+    server's StatefulSet has 1 replica, this is broker 1): its drain's admin session
+    reaches the broker's own name with INTERNAL's settings."""
+    spec, broker, env = _broker_pod(name, 1)
+    hook = broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == ["python3", "-m", "directlog.kube.scale_down", "--timeout", "300"]
+    own = f"{_host('broker', 1)}:9092"
+    with FakeApiServer(tmp_path / "api") as api:
+        api.put_statefulset(NAMESPACE, component("broker"), replicas=1)
+        # The token volume's files, and the broker's log, where the run maps them.
+        account = api.write_service_account(tmp_path / "serviceaccount", NAMESPACE)
+        mapped = ["--service-account-dir", str(account), "--log-file", str(tmp_path / "log")]
+        config, done = _admin_run([*hook, *mapped], {**env, **api.environment()}, tmp_path)
+        path = statefulset_path(NAMESPACE, component("broker"))
+        assert api.requests == [(path, f"Bearer {api.token}")]
+    assert done.returncode == scale_down.EXIT_NOT_DRAINED, done.stderr
+    assert "broker 1 is leaving (StatefulSet directlog-broker scaled to 1)" in done.stderr
+    assert f"drain of broker 1 failed: cannot reach the cluster at {own}" in done.stderr
+    assert config["bootstrap_servers"] == [own]
+    assert config["client_id"] == "directlog-admin"
+    _check_login(name, config, spec, broker, login, certificate)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in LOGINS])
+def test_client_variables_leave_the_broker_alone(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker container's DIRECTLOG_CLIENT_* (for the CLI and the hook) share the
+    brokers' DIRECTLOG_ prefix: its settings ignore them, and are what they are without."""
+    call, _ = _run_broker(name, 0, tmp_path)
+    client = {n for n in call.env if n.startswith(CLIENT_PREFIX)}
+    assert "DIRECTLOG_CLIENT_SECURITY_PROTOCOL" in client
+    given: BrokerSettings = _settings(monkeypatch, BrokerSettings, call.env)
+    without = {n: v for n, v in call.env.items() if n not in client}
+    assert given == _settings(monkeypatch, BrokerSettings, without)
 
 
 def test_admin_clients_unchanged_without_security() -> None:
@@ -904,8 +924,8 @@ def test_admin_clients_unchanged_without_security() -> None:
     assert [e["name"] for e in job["env"]] == ["BOOTSTRAP"]
     broker = _container(_pod_spec(manifests, "StatefulSet", component("broker")), "broker")
     hook = broker["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[:3] == ["python3", "-m", "directlog.kube.scale_down"]
-    assert not find(manifests, "ConfigMap", component("admin-client"))
+    assert hook == ["python3", "-m", "directlog.kube.scale_down", "--timeout", "300"]
+    assert not [e for e in broker["env"] if e["name"].startswith(CLIENT_PREFIX)]
     external_only = _container(
         _pod_spec(template({**SCENARIOS["external-only"], **values}), "Job", component("topics")),
         "topics",
@@ -973,10 +993,11 @@ def test_notes_tell_clients_how_to_connect() -> None:
         f"(ZooKeeper protocol, TLS) {component('consensus')}:2281",
     ):
         assert line in notes, notes
-    # The exec example logs in, as the brokers' user.
+    # The exec example logs in, as the brokers' user, with the image's own `directlog`.
     [exec_line] = [line for line in notes.splitlines() if "topics create demo" in line]
-    assert exec_line.split()[0] == f"{ADMIN_DIR}/directlog"
-    assert f"{ADMIN_DIR}/directlog (as broker):" in notes
+    assert exec_line.split()[0] == "directlog"
+    assert "(its DIRECTLOG_CLIENT_* variables), as broker:" in notes
+    assert "  directlog --command-config client.properties topics list" in notes
     assert "NOTE:" not in notes.split("Security:")[1].split("From outside")[0]
 
 
@@ -1126,7 +1147,7 @@ SECURITY_VARIABLES = {
     "DIRECTLOG_CONTROLLER_TLS", "DIRECTLOG_TIERING_TLS", "DIRECTLOG_TIERING_BROKER_TLS",
     "DIRECTLOG_CONTROLLER_GRPC_TLS", "DIRECTLOG_CONTROLLER_CONSENSUS_TLS",
     "DIRECTLOG_CONTROLLER_SCRAM_BOOTSTRAP_FILE", "CONSENSUS_AUTH_PASSWORD",
-    "KAFKA_CLIENT_SECURITY_PROTOCOL",
+    "DIRECTLOG_CLIENT_SECURITY_PROTOCOL",
 }  # fmt: skip
 
 

@@ -376,8 +376,9 @@ What `security` turns on, worked out once: (include "directlog.security" $ | fro
   listener's own setting or else the broker-wide one (ownClientAuth, ownMechanisms: its own);
 - interBroker: the inter-broker listener's entry; internal: INTERNAL's;
 - tls / sasl: some listener uses TLS / SASL; links: mutual TLS between the services;
-- adminClient: the chart's admin clients (topics Job, drain hook) need INTERNAL's client
-  settings, and admin: their SASL login {mechanism, username, existingSecret, passwordKey};
+- adminClient: the chart's admin clients (topics Job, drain hook, the CLI in a broker
+  container) need INTERNAL's client settings, and admin: their SASL login {mechanism,
+  username, existingSecret, passwordKey};
 - superUsers: authorization.superUsers and the brokers' own user on a SASL inter-broker
   listener. */}}
 {{- define "directlog.security" -}}
@@ -423,37 +424,37 @@ component, the SCRAM bootstrap users. */}}
 {{- define "directlog.kafkaTlsDir" -}}/var/run/secrets/directlog/kafka-tls{{- end -}}
 {{- define "directlog.linkTlsDir" -}}/var/run/secrets/directlog/link-tls{{- end -}}
 {{- define "directlog.scramUsersDir" -}}/var/run/secrets/directlog/scram-users{{- end -}}
-{{- define "directlog.adminClientDir" -}}/etc/directlog/admin{{- end -}}
 
-{{/* The chart's admin clients (the topics Job, the drain hook, /etc/directlog/admin/directlog
-in a broker container) with a secured INTERNAL listener: its client settings as kafka-python
-names them, for files/admin-client/login.py. */}}
+{{/* The chart's admin clients (the topics Job, the drain hook, `directlog` in a broker
+container) with a secured INTERNAL listener: its client settings as DIRECTLOG_CLIENT_<NAME>
+variables, NAME the Kafka client property (directlog/admin/client_config.py), which the
+admin CLI and every admin session read. The brokers' settings ignore them. */}}
 {{- define "directlog.adminClientEnv" -}}
 {{- $s := .Values.security -}}
 {{- $sec := include "directlog.security" . | fromJson -}}
 {{- $internal := $sec.internal -}}
 {{- if $sec.adminClient }}
-- name: KAFKA_CLIENT_SECURITY_PROTOCOL
+- name: DIRECTLOG_CLIENT_SECURITY_PROTOCOL
   value: {{ $internal.protocol }}
 {{- if $internal.sasl }}
-- name: KAFKA_CLIENT_SASL_MECHANISM
+- name: DIRECTLOG_CLIENT_SASL_MECHANISM
   value: {{ $sec.admin.mechanism }}
-- name: KAFKA_CLIENT_SASL_PLAIN_USERNAME
+- name: DIRECTLOG_CLIENT_SASL_USERNAME
   value: {{ $sec.admin.username | quote }}
-- name: KAFKA_CLIENT_SASL_PLAIN_PASSWORD
+- name: DIRECTLOG_CLIENT_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $sec.admin.existingSecret }}
       key: {{ $sec.admin.passwordKey }}
 {{- end }}
 {{- if $internal.tls }}
-- name: KAFKA_CLIENT_SSL_CAFILE
+- name: DIRECTLOG_CLIENT_SSL_CA_LOCATION
   value: {{ include "directlog.kafkaTlsDir" . }}/ca.crt
 {{- if ne $internal.clientAuth "none" }}
 # INTERNAL asks for a client certificate: the brokers' own.
-- name: KAFKA_CLIENT_SSL_CERTFILE
+- name: DIRECTLOG_CLIENT_SSL_CERTIFICATE_LOCATION
   value: {{ include "directlog.kafkaTlsDir" . }}/tls.crt
-- name: KAFKA_CLIENT_SSL_KEYFILE
+- name: DIRECTLOG_CLIENT_SSL_KEY_LOCATION
   value: {{ include "directlog.kafkaTlsDir" . }}/tls.key
 {{- end }}
 {{- end }}
