@@ -188,11 +188,19 @@ def assert_same(got: list[Seen], want: list[Seen]) -> None:
 
 
 def produce(clients: Clients, bootstrap: str, produced: Produced, **extra: Any) -> None:
-    """Produce `produced.records` with confluent-kafka in batches of at most 40 records,
-    compressed with its codec; every delivery at its expected offset."""
+    """Produce `produced.records` with confluent-kafka in batches of 40 records (the last
+    one fewer), compressed with its codec; every delivery at its expected offset. A batch
+    leaves when full or at the flush, never by linger: on a busy machine this thread may
+    enqueue slower than a short linger, and librdkafka sends a batch of one record, which
+    compression does not shrink, uncompressed."""
     producer = clients.producer(
         bootstrap,
-        {"compression.type": produced.codec, "batch.num.messages": 40, "linger.ms": 20, **extra},
+        {
+            "compression.type": produced.codec,
+            "batch.num.messages": 40,
+            "linger.ms": 60_000,
+            **extra,
+        },
     )
     reports = clients.produce_all(producer, produced.topic, produced.records)
     assert [e for e, _ in reports] == [None] * len(produced.records)
