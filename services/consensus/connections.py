@@ -11,6 +11,15 @@ A member that is not serving (no established leader) closes new connections righ
 their ConnectRequest, and drops every connection when it stops serving, so clients move to
 another member at once, as ZooKeeper's do.
 
+A member cut off from the quorum in read-only mode (``Member.read_only``) serves, as
+ZooKeeper's ReadOnlyZooKeeperServer does, only clients whose ConnectRequest asked for
+read-only, answering readOnly=true; others are closed right after their ConnectRequest. A
+read-only connection gets a new session known to this member only (ZooKeeper's local
+session) or resumes one; resuming a session of the quorum is refused by closing, as in
+ZooKeeper 3.7+. Reads and watches work on the member's own, possibly stale, tree; every
+write, sync included, is answered NOTREADONLY (ReadOnlyRequestProcessor) and closeSession
+closes the local session. When the member finds a leader it drops these connections.
+
 The same protocol runs on the plaintext client port and on the TLS one (secureClientPort);
 a connection whose client certificate the TLS port verified starts with its ``x509`` id.
 Authentication follows ZooKeeper's ZooKeeperServer.processPacket: ``addauth digest``
@@ -217,6 +226,7 @@ class ClientConnection(asyncio.Protocol):
         self.queue: deque[_Pending] = deque()
         self.closing_session = False
         self.closed = False
+        self.read_only = False  # a read-only session on a member cut off from the quorum
         self._out: list[bytes] = []
         self.peer = ""
 
@@ -282,7 +292,11 @@ class ClientConnection(asyncio.Protocol):
         member = self.member
         request = decode_connect_request(frame, member.settings.max_buffer)
         self.server.connect_requests += 1
-        if not member.serving:
+        if member.read_only and not request.read_only:
+            log.info("closing %s: read-only member, and the client did not ask for it", self.peer)
+            self.close()  # ZooKeeper: "Refusing session request for not-read-only client"
+            return
+        if not member.serving and not member.read_only:
             self.close()  # ZooKeeper: "not running"; the client tries another member
             return
         if request.last_zxid_seen > member.applied_zxid:
@@ -298,6 +312,9 @@ class ClientConnection(asyncio.Protocol):
         timeout = min(
             max(request.time_out, settings.min_session_timeout), settings.max_session_timeout_ms
         )
+        if member.read_only:
+            self._connect_read_only(request.session_id, request.passwd, timeout)
+            return
         if request.session_id == 0:
             session = Session(member.new_session_id(), self.identity)
             self.session = session
@@ -315,15 +332,42 @@ class ClientConnection(asyncio.Protocol):
         sid = request.session_id
         known = member.tree.sessions.get(sid)
         if known is None or request.passwd != member.session_password(sid):
-            # ZooKeeper answers an expired or unknown session with a zero timeout.
-            self._write(encode_frame(encode_connect_response(ConnectResponse(0, 0, 0, bytes(16)))))
-            self.close()
+            self._expired()
             return
         self.session = Session(sid, self.identity)
         self.timeout_ms = known
         self._attach(sid)
         member.heard_from(sid)
         self._connected(sid, known)
+
+    def _connect_read_only(self, sid: int, passwd: bytes | None, timeout: int) -> None:
+        member = self.member
+        self.read_only = True
+        if sid == 0:
+            sid = member.open_local_session(timeout)
+        elif sid in member.tree.sessions:
+            # ZooKeeper 3.7+ (ReadOnlyZooKeeperServer.validateSession): the quorum's
+            # session must not be renewed here; the client keeps looking.
+            log.info("closing %s: it resumes session %#x of the quorum", self.peer, sid)
+            self.close()
+            return
+        else:
+            known = member.local_sessions.get(sid)
+            if known is None or passwd != member.session_password(sid):
+                self._expired()
+                return
+            timeout = known
+        self.session = Session(sid, self.identity)
+        self.timeout_ms = timeout
+        self._attach(sid)
+        member.heard_from(sid)
+        self._connected(sid, timeout)
+
+    def _expired(self) -> None:
+        """ZooKeeper answers an expired or unknown session with a zero timeout."""
+        response = ConnectResponse(0, 0, 0, bytes(16), self.read_only)
+        self._write(encode_frame(encode_connect_response(response)))
+        self.close()
 
     def _attach(self, sid: int) -> None:
         old = self.server.by_session.get(sid)
@@ -335,9 +379,8 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         password = self.member.session_password(sid)
-        self._write(
-            encode_frame(encode_connect_response(ConnectResponse(0, timeout, sid, password)))
-        )
+        response = ConnectResponse(0, timeout, sid, password, self.read_only)
+        self._write(encode_frame(encode_connect_response(response)))
 
     # -- requests ----------------------------------------------------------------------
 
@@ -363,6 +406,8 @@ class ClientConnection(asyncio.Protocol):
         elif op == OpCode.AUTH:
             assert isinstance(body, AuthPacket)
             self._auth(started, body)
+        elif op in _WRITES and self.read_only:
+            self._read_only_write(started, xid, op)
         elif op in _WRITES:
             self._write_request(started, xid, op, body)
         elif op == OpCode.SASL:
@@ -431,6 +476,19 @@ class ClientConnection(asyncio.Protocol):
             self._flush()
 
         self.member.submit(self.session, request, done)
+
+    def _read_only_write(self, started: float, xid: int, op: int) -> None:
+        """A write on a read-only session: NOTREADONLY (sync and multi too, as ZooKeeper's
+        ReadOnlyRequestProcessor answers them), except closeSession, which closes the
+        local session."""
+        if op != OpCode.CLOSE_SESSION:
+            self._queue_error(started, xid, ErrorCode.NOTREADONLY)
+            return
+        assert self.session is not None
+        self.member.close_local_session(self.session.session_id)
+        self.closing_session = True
+        self.queue.append(_Pending(started, self._reply(xid, ErrorCode.OK), last=True))
+        self._flush()
 
     def _queue_local(self, started: float, run: Callable[[], bytes]) -> None:
         self.queue.append(_Pending(started, run=run))

@@ -1,5 +1,5 @@
 """ZooKeeper's four-letter words on the client port: ``ruok``, ``srvr``, ``stat``, ``mntr``,
-``envi``, in the formats ZooKeeper's own tools and monitoring scripts parse."""
+``envi``, ``isro``, in the formats ZooKeeper's own tools and monitoring scripts parse."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from services.consensus.member import Member
 
 VERSION = "3.8.0-directlog-0.1.0, built on directlog"
-FOUR_LETTER_WORDS = frozenset({b"ruok", b"srvr", b"stat", b"mntr", b"envi"})
+FOUR_LETTER_WORDS = frozenset({b"ruok", b"srvr", b"stat", b"mntr", b"envi", b"isro"})
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
 
 
@@ -41,11 +41,11 @@ def ask(
 def mode_of(
     port: int, host: str = "127.0.0.1", timeout: float = 2.0, tls: ssl.SSLContext | None = None
 ) -> str | None:
-    """``Mode:`` from ``srvr`` (leader, follower, standalone), or None while the member on
-    ``port`` (a TLS client port with ``tls``) does not serve or does not answer."""
+    """``Mode:`` from ``srvr`` (leader, follower, standalone, read-only), or None while the
+    member on ``port`` (a TLS client port with ``tls``) does not serve or does not answer."""
     try:
         answer = ask(port, "srvr", host, timeout, tls)
-        found = re.search(r"^Mode: (\w+)", answer, re.MULTILINE)
+        found = re.search(r"^Mode: ([\w-]+)", answer, re.MULTILINE)
     except OSError:
         return None
     return found.group(1) if found else None
@@ -58,7 +58,11 @@ def answer(word: bytes, member: Member, server: ClientServer) -> str:
         return _envi(member)
     if word == b"mntr":
         return _mntr(member, server)
-    if not member.serving:
+    if word == b"isro":
+        # ZooKeeper's IsroCommand, no newline: kazoo's read-only clients ask it to find a
+        # read-write member and compare the answer with b"rw".
+        return "ro" if member.read_only else "rw" if member.serving else "null"
+    if not member.serving and not member.read_only:
         return NOT_SERVING
     lines = [f"Zookeeper version: {VERSION}"]
     if word == b"stat":

@@ -12,6 +12,10 @@ member applies committed transactions to its ``DataTree`` in zxid order, answeri
 clients from the result. The leader also expires sessions: members report the sessions
 they hear from in their PingAcks, and a session silent for its timeout is closed through
 the quorum like any write.
+
+With ``read_only_mode`` (ZooKeeper's readonlymode.enabled) a member that has looked for a
+leader for ``READ_ONLY_GRACE`` without finding one serves read-only clients from its own
+tree, on sessions only it knows (ZooKeeper's local sessions), until it finds a leader.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ _CONTAINER_CHECK_TICKS = 10  # how often the leader looks for empty containers
 _LOCAL_IN_FLIGHT = 1000  # writes one member has at the leader at once; more wait here
 _INLINE_SYNC_ENTRIES = 8  # log writes this small are done on the event loop
 _MAX_BATCH = 32  # events (client writes, peer messages) carried out as one Ready at most
+# Looking this long (or a tick, if longer) means cut off from the quorum: serve read-only
+# clients. ZooKeeper's QuorumPeer waits max(2000 ms, tickTime) before it starts its
+# ReadOnlyZooKeeperServer.
+READ_ONLY_GRACE = 2.0
 
 
 @dataclass(slots=True)
@@ -163,6 +171,9 @@ class Member:
         self._ticks = 0
         self.serving = False
         self.role = ServerState.LOOKING
+        self._looking_since = time.monotonic()
+        self.read_only = False  # serving read-only clients, cut off from the quorum
+        self._local_deadlines: dict[int, float] = {}  # read-only session -> expiry
         self._tick_task: asyncio.Task[None] | None = None
         self._process_scheduled = False
         self._unprocessed = 0  # events since the last _process
@@ -207,7 +218,9 @@ class Member:
 
     def _tick(self) -> None:
         if self._heard:
-            if self.role == ServerState.LEADING:
+            if self.read_only:
+                self._touch_local(self._heard)
+            elif self.role == ServerState.LEADING:
                 self._touch(self._heard)
             else:
                 self.node.report_sessions(self._heard)
@@ -219,6 +232,7 @@ class Member:
             if self._ticks % _CONTAINER_CHECK_TICKS == 0:
                 self._delete_empty_containers()
         self._process()
+        self._read_only_tick(time.monotonic())
 
     # ------------------------------------------------------------------ peers
 
@@ -272,6 +286,65 @@ class Member:
         return hmac.new(
             secret, session_id.to_bytes(8, "big", signed=True), hashlib.sha256
         ).digest()[:16]
+
+    # ------------------------------------------------------------------ read-only mode
+
+    def _read_only_tick(self, now: float) -> None:
+        """Start serving read-only clients once the member has looked for a leader for the
+        grace period (ZooKeeper: max(2 s, tickTime)); while read-only, expire silent
+        read-only sessions."""
+        if self.read_only:
+            for sid, deadline in list(self._local_deadlines.items()):
+                if deadline <= now:
+                    log.info("member %d: read-only session %#x expired", self.id, sid)
+                    self.close_local_session(sid)
+                    if self.clients is not None:
+                        self.clients.session_closed(sid)
+            return
+        grace = max(READ_ONLY_GRACE, self.settings.tick_ms / 1000)
+        if (
+            self.settings.read_only_mode
+            and self.role == ServerState.LOOKING
+            and now - self._looking_since >= grace
+        ):
+            self.read_only = True
+            log.info("member %d: no quorum for %.1f s: serving read-only clients", self.id, grace)
+
+    def _stop_read_only(self) -> None:
+        """A leader was found: drop the read-only sessions and their connections, so their
+        clients look for a read-write member (ZooKeeper closes every connection)."""
+        log.info("member %d: found a leader: closing the read-only sessions", self.id)
+        self.read_only = False
+        self.local_sessions.clear()
+        self._local_deadlines.clear()
+        if self.clients is not None:
+            self.clients.disconnect_all()
+
+    @property
+    def local_sessions(self) -> dict[int, int]:
+        """The read-only sessions: id -> timeout (ms); the tree lets them watch."""
+        return self.tree.local_sessions
+
+    def open_local_session(self, timeout: int) -> int:
+        """A new read-only session: known to this member only (a ZooKeeper local session),
+        never to the quorum; it lasts until it is silent for ``timeout`` ms, is closed, or
+        the member finds a leader."""
+        assert self.read_only
+        sid = self.new_session_id()
+        self.local_sessions[sid] = timeout
+        self._local_deadlines[sid] = time.monotonic() + timeout / 1000
+        return sid
+
+    def close_local_session(self, session_id: int) -> None:
+        self.local_sessions.pop(session_id, None)
+        self._local_deadlines.pop(session_id, None)
+
+    def _touch_local(self, sessions: set[int]) -> None:
+        now = time.monotonic()
+        for sid in sessions:
+            timeout = self.local_sessions.get(sid)
+            if timeout is not None:
+                self._local_deadlines[sid] = now + timeout / 1000
 
     # ------------------------------------------------------------------ leader side
 
@@ -438,8 +511,13 @@ class Member:
             write.waiter(entry.zxid, outcome)
 
     def _role_changed(self, change: RoleChange) -> None:
-        self.metrics.role_changed(change.role, change.established, time.monotonic())
+        now = time.monotonic()
+        self.metrics.role_changed(change.role, change.established, now)
         was_serving = self.serving
+        if change.role == ServerState.LOOKING and self.role != ServerState.LOOKING:
+            self._looking_since = now
+        elif change.role != ServerState.LOOKING and self.read_only:
+            self._stop_read_only()
         self.role = change.role
         self.serving = change.established
         self.preparer = Preparer(self.tree)
@@ -448,7 +526,6 @@ class Member:
         self._deadlines.clear()
         self._expiring.clear()
         if change.role == ServerState.LEADING and change.established:
-            now = time.monotonic()
             for sid, timeout in self.tree.sessions.items():
                 self._deadlines[sid] = now + timeout / 1000
         if was_serving and not self.serving:
@@ -570,6 +647,8 @@ class Member:
 
     @property
     def mode(self) -> str:
+        if self.read_only:
+            return "read-only"  # ZooKeeper's ReadOnlyZooKeeperServer.getState()
         if not self.serving:
             return "looking"
         if len(self.settings.members) == 1:

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from services.consensus.connections import ClientServer
     from services.consensus.member import Member
 
-ROLE_CODES = {"looking": 0, "follower": 1, "leader": 2, "standalone": 3}
+# A read-only member is looking for a leader too: 0, so "not serving" alerts still fire.
+ROLE_CODES = {"looking": 0, "read-only": 0, "follower": 1, "leader": 2, "standalone": 3}
 
 # ZooKeeper's summaries (prometheus simpleclient 0.9): DetailLevel.BASIC has the median,
 # ADVANCED also the 90th and 99th percentiles, each over the last 10 minutes.
@@ -319,7 +320,7 @@ class ConsensusMetrics:
 
         gauge(
             "directlog_consensus_role",
-            "0 looking, 1 follower, 2 leader, 3 standalone",
+            "0 looking (or read-only), 1 follower, 2 leader, 3 standalone",
             lambda: ROLE_CODES[member.mode],
         )
         gauge(

@@ -91,6 +91,9 @@ class ConsensusSettings(ServiceSettings):
     sasl_users: dict[str, SecretStr] = Field(default_factory=dict)  # JAAS user_<name>="pw"
     sasl_jaas_file: Path | None = None  # or ZooKeeper's own JAAS file, its Server section
     sasl_required: bool = False  # zookeeper.sessionRequireClientSASLAuth
+    # Cut off from the quorum, serve read-only sessions from the local tree (ZooKeeper's
+    # readonlymode.enabled; docs/consensus.md, "Read-only mode").
+    read_only_mode: bool = False
 
     @field_validator("members")
     @classmethod

@@ -78,6 +78,9 @@ class DataTree:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {"/": _root()}
         self.sessions: dict[int, int] = {}  # live session id -> timeout ms
+        # Sessions only this server knows (read-only mode; ZooKeeper's local sessions):
+        # they may set watches, and are in no transaction and no snapshot.
+        self.local_sessions: dict[int, int] = {}  # session id -> timeout ms
         self.ephemerals: dict[int, set[str]] = {}  # session id -> paths it owns
         self.containers: set[str] = set()
         self.last_zxid = 0
@@ -223,7 +226,10 @@ class DataTree:
     def _watcher(self, session: Session | None, watch: bool) -> int | None:
         if not watch:
             return None
-        if session is None or session.session_id not in self.sessions:
+        if session is None or (
+            session.session_id not in self.sessions
+            and session.session_id not in self.local_sessions
+        ):
             raise KeeperError(ErrorCode.SESSIONEXPIRED)
         return session.session_id
 
@@ -299,6 +305,7 @@ class DataTree:
         self.nodes, self.sessions, self.last_zxid = nodes, sessions, last_zxid
         self.ephemerals, self.containers = ephemerals, containers
         self.watches = WatchManager()
+        self.local_sessions = {}
         self.data_size = _data_size(nodes)
 
     @classmethod
