@@ -297,3 +297,37 @@ TOPIC_ONLY_CONFIGS = frozenset(
     {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
 )
 BROKER_DEFAULT_NAMES = CONFIG_NAMES - TOPIC_ONLY_CONFIGS  # what log.<name> can set
+# Kafka's LIST-typed topic configs: the ones IncrementalAlterConfigs' APPEND and SUBTRACT
+# apply to (Kafka's broker configs of them, log.cleanup.policy here, too).
+LIST_CONFIGS = frozenset(
+    {
+        "cleanup.policy",
+        "leader.replication.throttled.replicas",
+        "follower.replication.throttled.replicas",
+    }
+)
+
+
+def altered_list(name: str, current: str | None, values: str, *, subtract: bool) -> str:
+    """Kafka's APPEND (``subtract`` False) or SUBTRACT of ``values`` on the list config
+    ``name`` whose override is ``current`` (None: none, so Kafka's built-in default, not the
+    cluster-wide one, is the start, as ConfigurationControlManager.getParts takes it).
+
+    As Kafka splits them: the current value at commas, empty items dropped; ``values`` as
+    Java's String.split does (trailing empty items dropped), nothing trimmed. APPEND adds
+    each value not there yet, in order; SUBTRACT removes each value's first occurrence. The
+    result is to be validated as a SET of it would be."""
+    assert name in LIST_CONFIGS, name
+    if current is None:
+        current = LogConfig().to_properties()[name]
+    items = [item for item in current.split(",") if item]
+    wanted = values.split(",")
+    while "," in values and wanted and not wanted[-1]:
+        wanted.pop()
+    for value in wanted:
+        if subtract:
+            if value in items:
+                items.remove(value)
+        elif value not in items:
+            items.append(value)
+    return ",".join(items)

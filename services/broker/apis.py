@@ -37,7 +37,7 @@ from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
 from directlog.security.acl import Operation
 from directlog.security.client_quotas import ANONYMOUS as ANONYMOUS_USER
-from directlog.topic_config import BROKER_DEFAULT_NAMES, flag
+from directlog.topic_config import BROKER_DEFAULT_NAMES, LIST_CONFIGS, altered_list, flag
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.acl_admin import AclAdmin
@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
-SET, DELETE = 0, 1
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' operations
 CONFIG_SOURCE_TOPIC = 1  # Kafka's ConfigSource: a topic's override
 CONFIG_SOURCE_DYNAMIC_BROKER = 2  # one broker's own (AlterConfigs of broker "<id>")
 CONFIG_SOURCE_DYNAMIC_DEFAULT = 3  # the cluster-wide default (AlterConfigs of broker "")
@@ -96,6 +96,7 @@ IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
 _LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES)
+_LIST_LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES & LIST_CONFIGS)
 
 
 # The listener the request being handled came in through (set by the server for each
@@ -1364,13 +1365,6 @@ class KafkaApis:
                 self._item_error(refusal, "create_topics", wanted.name)
                 answers[wanted.name] = (refusal.code, str(refusal), None)
                 continue
-            if wanted.assignments:
-                code = ErrorCode.INVALID_REQUEST
-                self._item_error(
-                    KafkaError(code, "manual replica assignment"), "create_topics", wanted.name
-                )
-                answers[wanted.name] = (code, "manual replica assignment is not supported", None)
-                continue
             configs = {c.name: c.value for c in wanted.configs if c.value is not None}
             try:
                 self._check_remote_storage(configs)
@@ -1384,6 +1378,10 @@ class KafkaApis:
                     partitions=wanted.num_partitions,
                     replication_factor=wanted.replication_factor,
                     configs=configs,
+                    assignments=[
+                        pb.ReplicaAssignment(partition=a.partition_index, replicas=a.broker_ids)
+                        for a in wanted.assignments or ()
+                    ],
                 )
             )
         if wanted_topics:
@@ -1520,6 +1518,8 @@ class KafkaApis:
     async def create_partitions(self, request: Any, header: RequestHeader) -> Response:
         response = APIS[ApiKey.CREATE_PARTITIONS].response
         wanted = {t.name: t.count for t in request.topics}
+        # Kafka's manual assignment of the new partitions (None: placed by the controller).
+        assigned = {t.name: t.assignments for t in request.topics}
 
         def grown(reply: Any) -> bool:
             return all(
@@ -1539,7 +1539,18 @@ class KafkaApis:
             reply = await self._admin(
                 lambda s: s.CreatePartitions,
                 pb.CreatePartitionsRequest(
-                    topics=[pb.PartitionIncrease(name=n, count=c) for n, c in allowed.items()],
+                    topics=[
+                        pb.PartitionIncrease(
+                            name=n,
+                            count=c,
+                            assigned=assigned[n] is not None,
+                            assignments=[
+                                pb.ReplicaAssignment(replicas=a.broker_ids)
+                                for a in assigned[n] or ()
+                            ],
+                        )
+                        for n, c in allowed.items()
+                    ],
                     validate_only=bool(request.validate_only),
                 ),
                 grown,
@@ -1674,17 +1685,45 @@ class KafkaApis:
         return await self._alter_configs(ApiKey.ALTER_CONFIGS, request, alteration)
 
     async def incremental_alter_configs(self, request: Any, header: RequestHeader) -> Response:
+        """SET, DELETE, and APPEND and SUBTRACT of list configs, which the controller carries
+        out on the value it stores (ConfigAlteration). Refused as Kafka's broker refuses them
+        before its controller sees them: a key named twice or a null value (but for DELETE)
+        INVALID_REQUEST; APPEND or SUBTRACT of a broker resource's config that is not a list
+        INVALID_CONFIG (a topic's: the controller's INVALID_CONFIG)."""
+
         def alteration(resource: Any) -> pb.ConfigAlteration:
+            names = [change.name for change in resource.configs]
+            if len(set(names)) != len(names):
+                raise KafkaError(ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")
+            nulls = [
+                c.name for c in resource.configs if c.config_operation != DELETE and c.value is None
+            ]
+            if nulls:
+                raise KafkaError(
+                    ErrorCode.INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls)
+                )
             alteration = pb.ConfigAlteration(name=resource.resource_name)
             for change in resource.configs:
-                if change.config_operation == SET:
-                    alteration.set[change.name] = change.value or ""
-                elif change.config_operation == DELETE:
+                operation = change.config_operation
+                if operation == SET:
+                    alteration.set[change.name] = change.value
+                elif operation == DELETE:
                     alteration.delete.append(change.name)
+                elif operation in (APPEND, SUBTRACT):
+                    if (
+                        resource.resource_type == BROKER_RESOURCE
+                        and change.name not in _LIST_LOG_NAMES
+                    ):
+                        verb = "append" if operation == APPEND else "subtract"
+                        raise KafkaError(
+                            ErrorCode.INVALID_CONFIG,
+                            f"Config value {verb} is not allowed for config key: {change.name}",
+                        )
+                    lists = alteration.append if operation == APPEND else alteration.subtract
+                    lists[change.name] = change.value
                 else:
                     raise KafkaError(
-                        ErrorCode.INVALID_CONFIG,
-                        f"{change.name}: APPEND and SUBTRACT apply to list configs only",
+                        ErrorCode.INVALID_REQUEST, f"Unknown operations type {operation}"
                     )
             return alteration
 
@@ -1768,7 +1807,8 @@ class KafkaApis:
                 f"broker resource {broker!r}: expected a broker id, or empty for the "
                 "cluster-wide defaults",
             )
-        log_names = sorted(n for n in (*alteration.set, *alteration.delete) if n in _LOG_NAMES)
+        named = (*alteration.set, *alteration.delete, *alteration.append, *alteration.subtract)
+        log_names = sorted(n for n in named if n in _LOG_NAMES)
         if log_names:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
@@ -1806,7 +1846,12 @@ class KafkaApis:
         assert not broker, "per-broker configs go to _alter_broker_configs"
         fixed = sorted(
             name
-            for name in (*alteration.set, *alteration.delete)
+            for name in (
+                *alteration.set,
+                *alteration.delete,
+                *alteration.append,
+                *alteration.subtract,
+            )
             if not name.startswith(LOG_PREFIX)
             or name.removeprefix(LOG_PREFIX) not in BROKER_DEFAULT_NAMES
         )
@@ -1821,6 +1866,8 @@ class KafkaApis:
             delete=[k.removeprefix(LOG_PREFIX) for k in alteration.delete],
             replace=alteration.replace,
             validate_only=validate_only,
+            append={k.removeprefix(LOG_PREFIX): v for k, v in alteration.append.items()},
+            subtract={k.removeprefix(LOG_PREFIX): v for k, v in alteration.subtract.items()},
         )
         self._check_remote_storage(request.set)
         reply = await self._controller_topics(
@@ -1860,11 +1907,21 @@ def _holds(
     configs: Mapping[str, str],
     alteration: pb.ConfigAlteration | pb.AlterLogDefaultsRequest | pb.AlterBrokerConfigsRequest,
 ) -> bool:
-    """Whether ``configs`` show the alteration made."""
+    """Whether ``configs`` show the alteration made: an APPEND or a SUBTRACT once doing it
+    again would change nothing."""
     if alteration.replace:
         return configs == dict(alteration.set)
-    return all(configs.get(k) == v for k, v in alteration.set.items()) and not any(
+    if not all(configs.get(k) == v for k, v in alteration.set.items()) or any(
         k in configs for k in alteration.delete
+    ):
+        return False
+    if isinstance(alteration, pb.AlterBrokerConfigsRequest):
+        return True
+    return all(
+        name in configs
+        and altered_list(name, configs[name], values, subtract=subtract) == configs[name]
+        for changes, subtract in ((alteration.append, False), (alteration.subtract, True))
+        for name, values in changes.items()
     )
 
 
@@ -1937,15 +1994,17 @@ def _replica_id(request: Any, version: int) -> int:
 
 
 def _up_convert(message_set: bytes) -> bytes:
-    """A v2 batch holding the records of a legacy (magic 0/1) message set from an old producer."""
+    """A v2 batch holding the records of a legacy (magic 0/1) message set from an old producer.
+
+    Timestamps are kept as they came, as Kafka's LogValidator up-converts: magic 0 has none,
+    so its records get NO_TIMESTAMP (-1), as does a magic 1 message sent with -1; a CreateTime
+    topic keeps them so (consumers read -1, ListOffsets by time passes them by), a
+    LogAppendTime topic stamps the batch with the append time as any other."""
     messages = decode_message_set(message_set)
     if not messages:
         raise KafkaError(ErrorCode.CORRUPT_MESSAGE, "message set holds no whole message")
-    now = int(time.time() * 1000)
     records = [
-        Record(
-            i, m.timestamp if m.timestamp is not None and m.timestamp >= 0 else now, m.key, m.value
-        )
+        Record(i, NO_TIMESTAMP if m.timestamp is None else m.timestamp, m.key, m.value)
         for i, m in enumerate(messages)
     ]
     return build_batch(records)

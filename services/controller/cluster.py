@@ -43,7 +43,14 @@ from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.security.acl import AclBinding, AclBindingFilter, validate_binding, validate_filter
 from directlog.security.client_quotas import QuotaEntity, validate_alteration
 from directlog.security.scram import MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential, ScramMechanism
-from directlog.topic_config import TOPIC_ONLY_CONFIGS, InvalidConfigError, LogConfig, flag
+from directlog.topic_config import (
+    LIST_CONFIGS,
+    TOPIC_ONLY_CONFIGS,
+    InvalidConfigError,
+    LogConfig,
+    altered_list,
+    flag,
+)
 from directlog.topics import NO_LEADER, topic_name_error
 from services.controller import layout
 from services.controller.assignment import assign_replicas
@@ -79,6 +86,10 @@ REMOTE_MOVES: Mapping[RemoteSegmentState, frozenset[RemoteSegmentState]] = {
     RemoteSegmentState.DELETE_FINISHED: frozenset(),
 }
 PREFERRED, UNCLEAN = 0, 1  # Kafka's ElectionType
+NO_CHANGES: Mapping[str, str] = {}
+# IncrementalAlterConfigs' APPENDs and SUBTRACTs of list configs: name -> comma-separated
+# values, each.
+ListChanges = tuple[Mapping[str, str], Mapping[str, str]]
 KIP_950_MESSAGE = (
     "It is invalid to disable remote storage without deleting remote data. If you want to "
     "keep the remote data and turn to read only, set remote.log.copy.disable=true. If you "
@@ -855,12 +866,22 @@ class ClusterState:
         partitions: int,
         replication_factor: int,
         configs: Mapping[str, str],
+        manual: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> Change:
+        """``manual``: Kafka's manual replica assignment, (partition, replicas) pairs, with
+        ``partitions`` and ``replication_factor`` DEFAULT. Its partitions start in the
+        initial state, a fenced or shutting-down replica included: the caller then
+        ``elect``s, which moves them out of the ISRs and leaderships (Kafka creates them
+        without), so a new partition is led by its first replica that is live."""
         error = topic_name_error(name)
         if error is not None:
             raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, error)
         if name in self.topic_ids:
             raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        if manual:
+            assignment = self._manual_topic_assignment(partitions, replication_factor, manual)
+            _validate_configs(configs, self._defaults())
+            return self._created_topic(name, configs, assignment)
         if partitions == DEFAULT:
             partitions = self.default_partitions
         if not 1 <= partitions <= MAX_PARTITIONS:
@@ -886,16 +907,98 @@ class ClusterState:
             start_index=self.rng.randrange(count),
             replica_shift=self.rng.randrange(count),
         )
+        return self._created_topic(name, configs, assignment)
+
+    def _created_topic(
+        self, name: str, configs: Mapping[str, str], assignment: Sequence[tuple[int, ...]]
+    ) -> Change:
         topic_id = self._new_topic_id()
         topic = Topic(
             name, topic_id, dict(configs), tuple(PartitionState.initial(r) for r in assignment)
         )
-        data = layout.encode_topic(name, configs, assignment)
+        data = layout.encode_topic(name, configs, list(assignment))
         return Change(
             (Create(self.paths.topic(topic_id), data),),
             Delta({topic_id: None}),
             topics=(topic,),
         )
+
+    def _manual_topic_assignment(
+        self,
+        partitions: int,
+        replication_factor: int,
+        manual: Sequence[tuple[int, Sequence[int]]],
+    ) -> list[tuple[int, ...]]:
+        """A CreateTopics manual assignment checked as Kafka's ReplicationControlManager
+        checks it, in its order and words; the replicas by partition."""
+        for count, what in (
+            (replication_factor, "replication factor"),
+            (partitions, "numPartitions"),
+        ):
+            if count != DEFAULT:
+                raise KafkaError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"A manual partition assignment was specified, but {what} was not set to -1.",
+                )
+        by_partition: dict[int, tuple[int, ...]] = {}
+        expected: int | None = None
+        for index, replicas in manual:
+            if index in by_partition:
+                raise KafkaError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"Found multiple manual partition assignments for partition {index}",
+                )
+            by_partition[index] = self._manual_replicas(index, replicas, expected)
+            expected = len(replicas)
+        if sorted(by_partition) != list(range(len(by_partition))):
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "partitions should be a consecutive 0-based integer sequence",
+            )
+        if len(by_partition) > MAX_PARTITIONS:
+            raise KafkaError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"{len(by_partition)} partitions: a topic has 1 to {MAX_PARTITIONS}",
+            )
+        return [by_partition[index] for index in range(len(by_partition))]
+
+    def _manual_replicas(
+        self, partition: int, replicas: Sequence[int], expected: int | None
+    ) -> tuple[int, ...]:
+        """One partition's replicas from a manual assignment, checked as Kafka's
+        validateManualPartitionAssignment does (every broker registered, none twice, as many
+        as ``expected``), and with a replica that may lead (INVALID_REPLICA_ASSIGNMENT)."""
+
+        def refuse(why: str) -> KafkaError:
+            return KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, why)
+
+        if not replicas:
+            raise refuse("The manual partition assignment includes an empty replica list.")
+        previous = None
+        for broker in sorted(replicas):
+            if broker not in self.brokers:
+                raise refuse(
+                    f"The manual partition assignment includes broker {broker}, but no such "
+                    "broker is registered."
+                )
+            if broker == previous:
+                raise refuse(
+                    f"The manual partition assignment includes the broker {broker} more than once."
+                )
+            previous = broker
+        if expected is not None and len(replicas) != expected:
+            raise refuse(
+                f"The manual partition assignment includes a partition with {len(replicas)} "
+                "replica(s), but this is not consistent with previous partitions, which have "
+                f"{expected} replica(s)."
+            )
+        eligible = self.unfenced()
+        if not any(broker in eligible for broker in replicas):
+            raise refuse(
+                "All brokers specified in the manual partition assignment for partition "
+                f"{partition} are fenced or in controlled shutdown."
+            )
+        return tuple(replicas)
 
     def _new_topic_id(self) -> bytes:
         while True:  # 122 random bits: a second round is all but impossible
@@ -937,7 +1040,12 @@ class ClusterState:
             tuple(ops), Delta(deleted_topic_ids=(topic.topic_id,)), remote_topics=remote_topics
         )
 
-    def create_partitions(self, name: str, count: int) -> Change:
+    def create_partitions(
+        self, name: str, count: int, manual: Sequence[Sequence[int]] | None = None
+    ) -> Change:
+        """``manual``: Kafka's manual assignment of the new partitions, one replica list
+        each, checked as ``create_topic`` checks its own, the topic's replica count expected
+        (the caller ``elect``s after, likewise)."""
         topic = self.find_topic(name)
         current = len(topic.partitions)
         if count <= current:
@@ -949,25 +1057,11 @@ class ClusterState:
             raise KafkaError(
                 ErrorCode.INVALID_PARTITIONS, f"{count} partitions: the limit is {MAX_PARTITIONS}"
             )
-        brokers = self.unfenced()
         replication_factor = topic.replication_factor
-        if replication_factor > len(brokers):
-            raise KafkaError(
-                ErrorCode.INVALID_REPLICATION_FACTOR,
-                f"replication factor {replication_factor}: "
-                f"{len(brokers)} brokers are registered and unfenced",
-            )
-        # Kafka continues from partition 0's leader, so new leaders follow the old ones.
-        first_leader = topic.partitions[0].replicas[0]
-        start = next((i for i, b in enumerate(brokers) if b >= first_leader), 0)
-        added = assign_replicas(
-            brokers,
-            count - current,
-            replication_factor,
-            start_index=start,
-            replica_shift=start,
-            first_partition=current,
-        )
+        if manual is not None:
+            added = self._manual_partitions(current, count - current, replication_factor, manual)
+        else:
+            added = self._placed_partitions(topic, count - current, replication_factor)
         partitions = topic.partitions + tuple(PartitionState.initial(r) for r in added)
         new = replace(topic, partitions=partitions)
         data = layout.encode_topic(name, topic.configs, [p.replicas for p in partitions])
@@ -977,6 +1071,47 @@ class ClusterState:
             topics=(new,),
         )
 
+    def _placed_partitions(
+        self, topic: Topic, additional: int, replication_factor: int
+    ) -> list[tuple[int, ...]]:
+        brokers = self.unfenced()
+        if replication_factor > len(brokers):
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {replication_factor}: "
+                f"{len(brokers)} brokers are registered and unfenced",
+            )
+        # Kafka continues from partition 0's leader, so new leaders follow the old ones.
+        first_leader = topic.partitions[0].replicas[0]
+        start = next((i for i, b in enumerate(brokers) if b >= first_leader), 0)
+        return assign_replicas(
+            brokers,
+            additional,
+            replication_factor,
+            start_index=start,
+            replica_shift=start,
+            first_partition=len(topic.partitions),
+        )
+
+    def _manual_partitions(
+        self,
+        current: int,
+        additional: int,
+        replication_factor: int,
+        manual: Sequence[Sequence[int]],
+    ) -> list[tuple[int, ...]]:
+        """A CreatePartitions manual assignment checked as Kafka checks it."""
+        if len(manual) != additional:
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"Attempted to add {additional} additional partition(s), but only "
+                f"{len(manual)} assignment(s) were specified.",
+            )
+        return [
+            self._manual_replicas(current + i, replicas, replication_factor)
+            for i, replicas in enumerate(manual)
+        ]
+
     def alter_configs(
         self,
         name: str,
@@ -984,11 +1119,13 @@ class ClusterState:
         delete: Iterable[str],
         *,
         replace_all: bool = False,
+        lists: ListChanges = (NO_CHANGES, NO_CHANGES),
     ) -> Change:
-        """Incremental: set some overrides, delete others (a missing one is no error); or,
-        with `replace_all` (Kafka's legacy AlterConfigs), make `set_configs` the only ones."""
+        """Incremental: set some overrides, delete others (a missing one is no error), append
+        to or subtract from list ones (``lists``); or, with `replace_all` (Kafka's legacy
+        AlterConfigs), make `set_configs` the only ones."""
         topic = self.find_topic(name)
-        configs = _altered(topic.configs, set_configs, delete, replace_all)
+        configs = _altered(topic.configs, set_configs, delete, replace_all, lists)
         self._check_topic(topic, configs, self._defaults())
         if configs == topic.configs:
             return Change(())
@@ -1000,13 +1137,20 @@ class ClusterState:
         )
 
     def alter_log_defaults(
-        self, set_configs: Mapping[str, str], delete: Iterable[str], *, replace_all: bool = False
+        self,
+        set_configs: Mapping[str, str],
+        delete: Iterable[str],
+        *,
+        replace_all: bool = False,
+        lists: ListChanges = (NO_CHANGES, NO_CHANGES),
     ) -> Change:
         """The cluster-wide defaults of topic configs (Kafka's dynamic broker defaults, which
         brokers name ``log.<name>``), altered as ``alter_configs`` alters a topic's overrides.
         INVALID_CONFIG when a topic's overrides would not combine with the result, which
         brokers could then not apply."""
-        for name, raw in set_configs.items():
+        defaults = _altered(self.log_defaults, set_configs, delete, replace_all, lists)
+        for name in (*set_configs, *lists[0], *lists[1]):  # each value set, as it is set
+            raw = defaults[name]
             if name in TOPIC_ONLY_CONFIGS:
                 raise KafkaError(
                     ErrorCode.INVALID_CONFIG, f"{name} is a topic config with no broker default"
@@ -1018,7 +1162,6 @@ class ClusterState:
                     ErrorCode.INVALID_CONFIG,
                     f"Invalid value {raw!r} for configuration log.{name}: {exc}",
                 ) from exc
-        defaults = _altered(self.log_defaults, set_configs, delete, replace_all)
         config = _validate_configs(defaults)
         for topic in self.topics.values():
             try:
@@ -1669,20 +1812,34 @@ def _altered(
     set_configs: Mapping[str, str],
     delete: Iterable[str],
     replace_all: bool,
+    lists: ListChanges = (NO_CHANGES, NO_CHANGES),
 ) -> dict[str, str]:
     """``current`` with ``set_configs`` set and ``delete`` removed (a missing one is no
-    error); with ``replace_all``, ``set_configs`` alone."""
+    error); with ``replace_all``, ``set_configs`` alone. ``lists``: the APPENDs and the
+    SUBTRACTs of IncrementalAlterConfigs, which become the value they make (``altered_list``)
+    set; INVALID_CONFIG, in Kafka's controller's words, for a config that is not a list."""
     delete = set(delete)
-    both = delete & set_configs.keys()
-    if both or (replace_all and delete):
+    append, subtract = lists
+    named = [*set_configs, *delete, *append, *subtract]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    if twice or (replace_all and (delete or append or subtract)):
         raise KafkaError(
             ErrorCode.INVALID_REQUEST,
-            f"set and deleted at once: {', '.join(sorted(both))}"
-            if both
+            f"more than one operation on: {', '.join(twice)}"
+            if twice
             else "a replacement deletes nothing by name",
         )
     configs = {} if replace_all else {k: v for k, v in current.items() if k not in delete}
     configs.update(set_configs)
+    for values, is_subtract in ((append, False), (subtract, True)):
+        for name, value in values.items():
+            if name not in LIST_CONFIGS:
+                operation = "SUBTRACT" if is_subtract else "APPEND"
+                raise KafkaError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"Can't {operation} to key {name} because its type is not LIST.",
+                )
+            configs[name] = altered_list(name, current.get(name), value, subtract=is_subtract)
     return configs
 
 

@@ -290,7 +290,11 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         def plan(new: pb.NewTopic) -> TopicPlan:
             def run(state: ClusterState) -> tuple[Topic, Change]:
                 change = state.create_topic(
-                    new.name, new.partitions, new.replication_factor, dict(new.configs)
+                    new.name,
+                    new.partitions,
+                    new.replication_factor,
+                    dict(new.configs),
+                    [(a.partition, list(a.replicas)) for a in new.assignments],
                 )
                 return change.topics[0], change
 
@@ -301,7 +305,11 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         for index, name in enumerate(names):
             if name in names[:index]:
                 plans[index] = (name, b"", _refuse(name, "named twice in the request"))
-        return await self._topics("CreateTopics", context, plans, request.validate_only)
+        # A manual assignment may name fenced brokers: elected away before the answer.
+        manual = any(new.assignments for new in request.topics)
+        return await self._topics(
+            "CreateTopics", context, plans, request.validate_only, reelect=manual
+        )
 
     async def DeleteTopics(
         self, request: pb.DeleteTopicsRequest, context: Context
@@ -323,13 +331,19 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
     ) -> pb.TopicsReply:
         def plan(increase: pb.PartitionIncrease) -> TopicPlan:
             def run(state: ClusterState) -> tuple[Topic, Change]:
-                change = state.create_partitions(increase.name, increase.count)
+                manual = None
+                if increase.assigned:
+                    manual = [list(a.replicas) for a in increase.assignments]
+                change = state.create_partitions(increase.name, increase.count, manual)
                 return change.topics[0], change
 
             return run
 
         plans = [(item.name, b"", plan(item)) for item in request.topics]
-        return await self._topics("CreatePartitions", context, plans, request.validate_only)
+        manual = any(item.assigned for item in request.topics)
+        return await self._topics(
+            "CreatePartitions", context, plans, request.validate_only, reelect=manual
+        )
 
     async def AlterConfigs(
         self, request: pb.AlterConfigsRequest, context: Context
@@ -341,6 +355,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                     dict(alteration.set),
                     alteration.delete,
                     replace_all=alteration.replace,
+                    lists=(dict(alteration.append), dict(alteration.subtract)),
                 )
                 topic = change.topics[0] if change.topics else state.find_topic(alteration.name)
                 return topic, change
@@ -360,7 +375,10 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 async with term.lock:
                     try:
                         change = term.state.alter_log_defaults(
-                            dict(request.set), request.delete, replace_all=request.replace
+                            dict(request.set),
+                            request.delete,
+                            replace_all=request.replace,
+                            lists=(dict(request.append), dict(request.subtract)),
                         )
                     except KafkaError as exc:
                         log.info("AlterLogDefaults refused: %s", exc)
@@ -525,15 +543,20 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         validate_only: bool,
         *,
         kick: bool = False,
+        reelect: bool = False,
     ) -> pb.TopicsReply:
-        """Each topic planned and committed on its own: one transaction per topic."""
+        """Each topic planned and committed on its own: one transaction per topic. With
+        ``reelect``, each commit is followed by the elections it calls for (``Term.elect``)
+        before the next topic and the answer."""
         results = []
         with self._metrics.rpc(method):
             try:
                 term = self._controller.require_term()
                 for name, topic_id, plan in plans:
                     results.append(
-                        await self._topic(term, method, name, topic_id, plan, validate_only)
+                        await self._topic(
+                            term, method, name, topic_id, plan, validate_only, reelect
+                        )
                     )
             except NotActiveError:
                 await self._not_active(context)
@@ -549,6 +572,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         topic_id: bytes,
         plan: TopicPlan,
         validate_only: bool,
+        reelect: bool = False,
     ) -> pb.TopicResult:
         async with term.lock:
             try:
@@ -560,6 +584,8 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
                 )
             if not validate_only:
                 await term.commit(change)
+                if reelect:
+                    await term.elect()
                 log.info("%s %r done", method, topic.name)
         return pb.TopicResult(
             name=topic.name,

@@ -1,15 +1,26 @@
 """Topic administration, configs, offsets by timestamp, cluster description and the
-Prometheus metrics page, through confluent-kafka's AdminClient against a real broker."""
+Prometheus metrics page, through confluent-kafka's AdminClient against a real broker; list
+configs' APPEND and SUBTRACT, manual replica assignments (on three brokers) and old
+producers' records without timestamps, through confluent-kafka and kafka-python as Kafka 3.7
+answers them."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
@@ -22,14 +33,19 @@ from confluent_kafka.admin import (
 )
 
 from directlog.protocol.errors import ErrorCode
+from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.records import raw_request
 
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka import KafkaAdminClient
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTopicPartition
+    from kafka.admin import AlterConfigOp as KAlterConfigOp
     from kafka.admin import ConfigResource as KConfigResource
-    from kafka.protocol.admin import DeleteRecordsRequest
+    from kafka.admin import ConfigResourceType as KConfigResourceType
+    from kafka.admin import NewPartitions as KNewPartitions
+    from kafka.admin import NewTopic as KNewTopic
+    from kafka.protocol.admin import DeleteRecordsRequest, IncrementalAlterConfigsRequest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -586,3 +602,453 @@ def test_metrics(module_broker, clients, topic_name):
         assert requests is not None and requests >= 1, api
         assert value(latency, f"{latency}_bucket", api=api, le="+Inf") == requests
         assert value(latency, f"{latency}_sum", api=api) is not None
+
+
+# APPEND and SUBTRACT of list configs (IncrementalAlterConfigs) ------------------------
+
+APPEND, SUBTRACT = AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT
+FOLLOWERS = "follower.replication.throttled.replicas"
+
+
+def refusal(future: Future[Any]) -> tuple[int, str]:
+    """The Kafka error code and the broker's message a future failed with."""
+    with pytest.raises(KafkaException) as raised:
+        future.result(timeout=TIMEOUT)
+    error = raised.value.args[0]
+    assert isinstance(error, KafkaError)
+    return int(error.code()), error.str()
+
+
+def test_append_and_subtract_list_configs(module_broker, clients, topic_name):
+    admin = clients.admin(module_broker.bootstrap)
+    topic = topic_name("lists")
+    create(admin, NewTopic(topic, 1))[topic].result(timeout=TIMEOUT)
+
+    def entry(name: str, value: str, operation: AlterConfigOpType) -> ConfigEntry:
+        return ConfigEntry(name, value, incremental_operation=operation)
+
+    def value(name: str) -> tuple[str, int]:
+        found = describe_topic(admin, topic)[name]
+        return found.value, found.source
+
+    # From Kafka's default (delete) when the topic has no override; then from the override.
+    assert (
+        alter_topic(admin, topic, entry("cleanup.policy", "compact", APPEND)).result(
+            timeout=TIMEOUT
+        )
+        is None
+    )
+    assert value("cleanup.policy") == ("delete,compact", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert (
+        alter_topic(admin, topic, entry("cleanup.policy", "delete", SUBTRACT)).result(
+            timeout=TIMEOUT
+        )
+        is None
+    )
+    assert value("cleanup.policy")[0] == "compact"
+    # Values already there are not added twice; several at once, with other operations.
+    changes = [
+        entry("cleanup.policy", "compact,delete", APPEND),
+        entry(FOLLOWERS, "0:0,1:0", APPEND),
+        entry("retention.ms", "3600000", AlterConfigOpType.SET),
+    ]
+    assert alter_topic(admin, topic, *changes).result(timeout=TIMEOUT) is None
+    assert value("cleanup.policy")[0] == "compact,delete"
+    assert value(FOLLOWERS)[0] == "0:0,1:0"
+    assert value("retention.ms")[0] == "3600000"
+
+    # kafka-python's admin sends the same operations.
+    kadmin = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap, request_timeout_ms=15000)
+    try:
+        resource = KConfigResource(
+            KConfigResourceType.TOPIC,
+            topic,
+            configs={
+                FOLLOWERS: (KAlterConfigOp.SUBTRACT, "0:0"),
+                "cleanup.policy": (KAlterConfigOp.SUBTRACT, "compact"),
+            },
+        )
+        result = kadmin.alter_configs([resource], raise_on_unknown=False, incremental=True)
+        assert result == {"topic": {topic: "OK"}}
+    finally:
+        kadmin.close()
+    assert value(FOLLOWERS)[0] == "1:0"
+    assert value("cleanup.policy")[0] == "delete"
+
+    # Refused, in Kafka's words, each leaving the whole resource unchanged.
+    bad = [
+        (
+            [entry("retention.ms", "1000", APPEND)],
+            KafkaError.INVALID_CONFIG,
+            "Can't APPEND to key retention.ms because its type is not LIST.",
+        ),
+        (
+            [entry("segment.ms", "1000", SUBTRACT)],
+            KafkaError.INVALID_CONFIG,
+            "Can't SUBTRACT to key segment.ms because its type is not LIST.",
+        ),
+        ([entry("cleanup.policy", "compress", APPEND)], KafkaError.INVALID_CONFIG, "compress"),
+        ([entry(FOLLOWERS, "x:y", APPEND)], KafkaError.INVALID_CONFIG, FOLLOWERS),
+        # The last policy subtracted: an empty value, refused as setting it is.
+        ([entry("cleanup.policy", "delete", SUBTRACT)], KafkaError.INVALID_CONFIG, "cleanup"),
+        (
+            [
+                entry("segment.bytes", "2097152", AlterConfigOpType.SET),
+                entry("cleanup.policy", "compact", APPEND),
+                entry("max.message.bytes", "1", APPEND),
+            ],
+            KafkaError.INVALID_CONFIG,
+            "max.message.bytes",
+        ),
+    ]
+    for changes, code, message in bad:
+        got_code, got_message = refusal(alter_topic(admin, topic, *changes))
+        assert (got_code, message in got_message) == (code, True), (changes, got_message)
+    configs = describe_topic(admin, topic)
+    assert configs["cleanup.policy"].value == "delete"
+    assert configs[FOLLOWERS].value == "1:0"
+    assert configs["segment.bytes"].value == SEGMENT_BYTES_DEFAULT
+
+
+def incremental(
+    bootstrap: str, resource_type: int, name: str, *changes: tuple[str, int, str | None]
+) -> tuple[int, str | None]:
+    """A raw IncrementalAlterConfigs of one resource: (error code, message)."""
+    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
+    request = IncrementalAlterConfigsRequest(
+        version=1,
+        resources=[
+            resource(
+                resource_type=resource_type,
+                resource_name=name,
+                configs=[
+                    resource.AlterableConfig(name=n, config_operation=op, value=v)
+                    for n, op, v in changes
+                ],
+            )
+        ],
+        validate_only=False,
+    )
+    (answer,) = raw_request(bootstrap, request).responses
+    return answer.error_code, answer.error_message
+
+
+def test_list_operations_on_brokers_and_bad_requests(module_broker, clients, topic_name):
+    """The cluster-wide default log.cleanup.policy (the broker resource "", which only raw
+    requests name) takes APPEND and SUBTRACT; a per-broker rate is no list; a key named
+    twice, a null value and an unknown operation are bad requests, as Kafka's broker says."""
+    bootstrap = module_broker.bootstrap
+    broker, topic_type = 4, 2
+    append, subtract, delete = 2, 3, 1
+    try:
+        assert incremental(bootstrap, broker, "", ("log.cleanup.policy", append, "compact")) == (
+            0,
+            None,
+        )
+        admin = clients.admin(bootstrap)
+        resource = ConfigResource(ResourceType.BROKER, "0")
+        (future,) = admin.describe_configs([resource], request_timeout=TIMEOUT).values()
+        entry = future.result(timeout=TIMEOUT)["log.cleanup.policy"]
+        assert (entry.value, entry.source) == (
+            "delete,compact",
+            ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value,
+        )
+        assert incremental(bootstrap, broker, "", ("log.cleanup.policy", subtract, "delete")) == (
+            0,
+            None,
+        )
+        (future,) = admin.describe_configs([resource], request_timeout=TIMEOUT).values()
+        assert future.result(timeout=TIMEOUT)["log.cleanup.policy"].value == "compact"
+        assert incremental(bootstrap, broker, "", ("log.retention.ms", append, "1")) == (
+            ErrorCode.INVALID_CONFIG,
+            "Config value append is not allowed for config key: log.retention.ms",
+        )
+    finally:
+        assert incremental(bootstrap, broker, "", ("log.cleanup.policy", delete, None)) == (0, None)
+    rate = "leader.replication.throttled.rate"
+    assert incremental(bootstrap, broker, "0", (rate, subtract, "1")) == (
+        ErrorCode.INVALID_CONFIG,
+        f"Config value subtract is not allowed for config key: {rate}",
+    )
+
+    topic = topic_name("bad")
+    clients.create_topic(bootstrap, topic)
+    assert incremental(
+        bootstrap,
+        topic_type,
+        topic,
+        ("cleanup.policy", append, "compact"),
+        ("cleanup.policy", delete, None),
+    ) == (ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")
+    assert incremental(bootstrap, topic_type, topic, ("cleanup.policy", append, None)) == (
+        ErrorCode.INVALID_REQUEST,
+        "Null value not supported for : cleanup.policy",
+    )
+    assert incremental(bootstrap, topic_type, topic, ("cleanup.policy", 7, "compact")) == (
+        ErrorCode.INVALID_REQUEST,
+        "Unknown operations type 7",
+    )
+    assert "cleanup.policy" not in overrides(clients.admin(bootstrap), topic)
+
+
+# Manual replica assignments (CreateTopics, CreatePartitions) --------------------------
+
+
+@pytest.fixture(scope="module")
+def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("assignments"), brokers=3) as running:
+        yield running
+
+
+def layout_of(admin: Any, topic: str) -> list[tuple[list[int], int]]:
+    """Each partition's replicas and leader, in partition order, as Metadata answers."""
+    metadata = admin.list_topics(topic, timeout=TIMEOUT)
+    partitions = metadata.topics[topic].partitions
+    assert sorted(partitions) == list(range(len(partitions)))
+    return [(list(partitions[p].replicas), partitions[p].leader) for p in sorted(partitions)]
+
+
+def kafka_python_admin(bootstrap: str) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+
+
+@pytest.mark.timeout(180)  # a cluster of three starts first
+def test_create_topics_with_a_manual_assignment(three_brokers, clients, topic_name):
+    admin = clients.admin(three_brokers.bootstrap)
+    topic = topic_name("placed")
+    wanted = [[2, 0, 1], [0, 1, 2], [1, 2, 0], [2, 1, 0]]
+    futures = create(admin, NewTopic(topic, len(wanted), replica_assignment=wanted))
+    assert futures[topic].result(timeout=TIMEOUT) is None
+    # Exactly as asked, each partition led by its first replica.
+    assert layout_of(admin, topic) == [(r, r[0]) for r in wanted]
+
+    other = topic_name("placed-kp")
+    kadmin = kafka_python_admin(three_brokers.bootstrap)
+    try:
+        kadmin.create_topics([KNewTopic(other, replica_assignments={0: [1, 2], 1: [2, 0]})])
+    finally:
+        kadmin.close()
+    wait_for(lambda: layout_of(admin, other) == [([1, 2], 1), ([2, 0], 2)], 30, "kp topic")
+
+
+@pytest.mark.timeout(180)  # a cluster of three starts first
+def test_bad_manual_assignments_create_nothing(three_brokers, clients, topic_name):
+    kadmin = kafka_python_admin(three_brokers.bootstrap)
+    admin = clients.admin(three_brokers.bootstrap)
+    bad: list[tuple[dict[str, Any], int, str]] = [
+        (
+            {"replica_assignments": {0: [0, 0, 1]}},
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes the broker 0 more than once.",
+        ),
+        (
+            {"replica_assignments": {0: [0, 7]}},
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes broker 7, but no such broker is registered.",
+        ),
+        (
+            {"replica_assignments": {0: [0, 1], 1: [0, 1, 2]}},
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes a partition with 3 replica(s), but "
+            "this is not consistent with previous partitions, which have 2 replica(s).",
+        ),
+        (
+            {"replica_assignments": {0: [0], 2: [1]}},
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "partitions should be a consecutive 0-based integer sequence",
+        ),
+        (
+            {"replica_assignments": {0: []}},
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes an empty replica list.",
+        ),
+        (
+            {"num_partitions": 2, "replica_assignments": {0: [0], 1: [1]}},
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but numPartitions was not set to -1.",
+        ),
+        (
+            {"replication_factor": 1, "replica_assignments": {0: [0]}},
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but replication factor was not set "
+            "to -1.",
+        ),
+    ]
+    try:
+        names = []
+        for options, code, message in bad:
+            name = topic_name("refused")
+            names.append(name)
+            response = kadmin.create_topics([KNewTopic(name, **options)], raise_errors=False)
+            (result,) = response["topics"]
+            assert (result["error_code"], result["error_message"]) == (code, message), options
+    finally:
+        kadmin.close()
+    listed = partition_counts(admin)
+    assert not set(names) & set(listed)
+    # confluent-kafka's refusal carries the same code.
+    topic = topic_name("refused-ck")
+    future = create(admin, NewTopic(topic, 2, replica_assignment=[[0, 1], [1, 1]]))[topic]
+    assert refusal(future) == (
+        KafkaError.INVALID_REPLICA_ASSIGNMENT,
+        "The manual partition assignment includes the broker 1 more than once.",
+    )
+    assert topic not in partition_counts(admin)
+
+
+@pytest.mark.timeout(180)  # a cluster of three starts first
+def test_create_partitions_with_a_manual_assignment(three_brokers, clients, topic_name):
+    admin = clients.admin(three_brokers.bootstrap)
+    topic = topic_name("grown")
+    create(admin, NewTopic(topic, 1, replication_factor=3))[topic].result(timeout=TIMEOUT)
+    (future,) = admin.create_partitions(
+        [NewPartitions(topic, 3, replica_assignment=[[2, 0, 1], [0, 1, 2]])],
+        request_timeout=TIMEOUT,
+    ).values()
+    assert future.result(timeout=TIMEOUT) is None
+    assert layout_of(admin, topic)[1:] == [([2, 0, 1], 2), ([0, 1, 2], 0)]
+
+    kadmin = kafka_python_admin(three_brokers.bootstrap)
+    try:
+        kadmin.create_partitions({topic: KNewPartitions(5, new_assignments=[[1, 2, 0], [2, 1, 0]])})
+        wait_for(lambda: len(layout_of(admin, topic)) == 5, 30, "five partitions")
+        assert layout_of(admin, topic)[3:] == [([1, 2, 0], 1), ([2, 1, 0], 2)]
+
+        bad = [
+            (
+                [[1, 2, 0]],
+                "Attempted to add 2 additional partition(s), but only 1 assignment(s) were "
+                "specified.",
+            ),
+            (
+                [[1, 2], [2, 0]],
+                "The manual partition assignment includes a partition with 2 replica(s), but "
+                "this is not consistent with previous partitions, which have 3 replica(s).",
+            ),
+            (
+                [[1, 2, 9], [2, 1, 0]],
+                "The manual partition assignment includes broker 9, but no such broker is "
+                "registered.",
+            ),
+            (
+                [[1, 1, 0], [2, 1, 0]],
+                "The manual partition assignment includes the broker 1 more than once.",
+            ),
+        ]
+        for assignments, message in bad:
+            response = kadmin.create_partitions(
+                {topic: KNewPartitions(7, new_assignments=assignments)}, raise_errors=False
+            )
+            (result,) = response.results
+            assert (result.error_code, result.error_message) == (
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                message,
+            ), assignments
+    finally:
+        kadmin.close()
+    (future,) = admin.create_partitions(
+        [NewPartitions(topic, 6, replica_assignment=[[0, 1, 7]])], request_timeout=TIMEOUT
+    ).values()
+    assert refusal(future)[0] == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    assert partition_counts(admin)[topic] == 5
+
+
+@pytest.mark.timeout(180)  # a cluster of three starts first
+def test_a_manual_assignment_may_name_a_fenced_broker(tmp_path, clients, topic_name):
+    """As in Kafka: the fenced replica is outside the ISR and does not lead; a partition
+    whose every replica is fenced is refused."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        cluster.brokers[2].stop()
+        cluster.wait_live({0, 1})
+        admin = clients.admin(cluster.bootstrap)
+        topic = topic_name("fenced")
+        futures = create(admin, NewTopic(topic, 2, replica_assignment=[[2, 1], [0, 2]]))
+        assert futures[topic].result(timeout=TIMEOUT) is None
+        metadata = admin.list_topics(topic, timeout=TIMEOUT).topics[topic].partitions
+        assert [(m.replicas, m.leader, m.isrs) for _, m in sorted(metadata.items())] == [
+            ([2, 1], 1, [1]),
+            ([0, 2], 0, [0]),
+        ]
+        refused = topic_name("all-fenced")
+        future = create(admin, NewTopic(refused, 1, replica_assignment=[[2]]))[refused]
+        assert refusal(future) == (
+            KafkaError.INVALID_REPLICA_ASSIGNMENT,
+            "All brokers specified in the manual partition assignment for partition 0 are "
+            "fenced or in controlled shutdown.",
+        )
+        assert refused not in partition_counts(admin)
+
+
+# Produce v0/v1 without timestamps -----------------------------------------------------
+
+
+def old_producer(bootstrap: str, api_version: tuple[int, ...]) -> KafkaProducer:
+    """kafka-python pinned to an old broker version: magic 0 message sets for (0, 9), magic
+    1 for (0, 10, 0), in Produce v0-2."""
+    return KafkaProducer(bootstrap_servers=bootstrap, api_version=api_version, acks=1)
+
+
+def test_old_produce_without_timestamps_reads_back_without(module_broker, clients, topic_name):
+    topic = topic_name("no-time")
+    clients.create_topic(module_broker.bootstrap, topic)
+    before = int(time.time() * 1000)
+    for api_version, stamp in [((0, 9), None), ((0, 10, 0), -1), ((0, 10, 0), before - 5000)]:
+        producer = old_producer(module_broker.bootstrap, api_version)
+        try:
+            producer.send(topic, b"v", partition=0, timestamp_ms=stamp).get(timeout=TIMEOUT)
+        finally:
+            producer.close(timeout=TIMEOUT)
+    consumer = clients.consumer(module_broker.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    seen = [m.timestamp() for m in clients.consume(consumer, 3)]
+    # Kafka keeps no timestamp on a CreateTime topic: librdkafka reads -1 (CreateTime type).
+    assert seen == [
+        (TIMESTAMP_CREATE_TIME, -1),
+        (TIMESTAMP_CREATE_TIME, -1),
+        (TIMESTAMP_CREATE_TIME, before - 5000),
+    ]
+    # kafka-python's current consumer reads the same.
+    reader = KafkaConsumer(
+        bootstrap_servers=module_broker.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10000,
+    )
+    try:
+        reader.assign([KTopicPartition(topic, 0)])
+        assert [r.timestamp for r in itertools.islice(reader, 3)] == [-1, -1, before - 5000]
+    finally:
+        reader.close()
+
+    # ListOffsets by timestamp passes the records without one by, as Kafka's does.
+    admin = clients.admin(module_broker.bootstrap)
+    tp = TopicPartition(topic, 0)
+
+    def lookup(spec: OffsetSpec) -> tuple[int, int]:
+        (future,) = admin.list_offsets({tp: spec}, request_timeout=TIMEOUT).values()
+        result = future.result(timeout=TIMEOUT)
+        return result.offset, result.timestamp
+
+    assert lookup(OffsetSpec.for_timestamp(0)) == (2, before - 5000)
+    assert lookup(OffsetSpec.for_timestamp(before))[0] == -1  # none at or after it
+    assert lookup(OffsetSpec.max_timestamp()) == (2, before - 5000)
+
+
+def test_old_produce_to_a_log_append_time_topic_gets_the_append_time(
+    module_broker, clients, topic_name
+):
+    topic = topic_name("append-time")
+    clients.create_topic(
+        module_broker.bootstrap, topic, config={"message.timestamp.type": "LogAppendTime"}
+    )
+    before = int(time.time() * 1000)
+    producer = old_producer(module_broker.bootstrap, (0, 9))
+    try:
+        producer.send(topic, b"v", partition=0).get(timeout=TIMEOUT)
+    finally:
+        producer.close(timeout=TIMEOUT)
+    consumer = clients.consumer(module_broker.bootstrap)
+    clients.assign_from(consumer, topic, [0])
+    ((kind, stamp),) = [m.timestamp() for m in clients.consume(consumer, 1)]
+    assert kind == TIMESTAMP_LOG_APPEND_TIME
+    assert before <= stamp <= int(time.time() * 1000)
