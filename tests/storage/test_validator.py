@@ -163,3 +163,20 @@ def test_rules_apply_in_their_order_on_both_paths() -> None:
     result = both_ways(gap, LogConfig(), True, 0)
     assert result == (InvalidRecordError, "last offset delta 2 disagrees with 2 records")
     assert isinstance(both_ways(gap, LogConfig(), False, 0), AppendPlan)
+
+
+def test_records_without_a_timestamp_are_not_checked_against_the_clock() -> None:
+    """Old producers' messages up-converted keep NO_TIMESTAMP (-1); as Kafka, the
+    message.timestamp.before.max.ms check applies to the stamped records only."""
+    config = LogConfig(message_timestamp_before_max_ms=3_600_000)
+    unstamped = build_batch([Record(0, -1, None, b"a"), Record(1, -1, None, b"b")])
+    plan = both_ways(unstamped, config, True, 0)
+    assert isinstance(plan, AppendPlan) and plan.max_timestamp == -1
+    mixed = build_batch([Record(0, -1, None, b"a"), Record(1, T0 - 1000, None, b"b")])
+    plan = both_ways(mixed, config, True, 0)
+    assert isinstance(plan, AppendPlan) and plan.max_timestamp == T0 - 1000
+    old = T0 - 7_200_000
+    stale = build_batch([Record(0, -1, None, b"a"), Record(1, old, None, b"b")])
+    result = both_ways(stale, config, True, 0)
+    assert isinstance(result, tuple) and result[0] is InvalidTimestampError
+    assert f"timestamp {old} is more than" in result[1]

@@ -127,9 +127,11 @@ def plan_append(
                 new_attributes = attributes | TIMESTAMP_TYPE_FLAG
                 max_timestamp = now_ms
             else:
-                _check_timestamps(
-                    base_timestamp + min_delta, base_timestamp + max_delta, now_ms, config
-                )
+                smallest, largest = base_timestamp + min_delta, base_timestamp + max_delta
+                if largest != NO_TIMESTAMP:  # records without a timestamp are not checked
+                    if smallest == NO_TIMESTAMP:
+                        smallest = _smallest_timestamp(view, position, end)
+                    _check_timestamps(smallest, largest, now_ms, config)
                 new_attributes = attributes & ~TIMESTAMP_TYPE_FLAG
                 max_timestamp = base_timestamp + max_delta
             new_header = None
@@ -214,6 +216,17 @@ def _check_producer_rules(count: int, attributes: int, last_offset_delta: int) -
         raise InvalidRecordError(
             f"last offset delta {last_offset_delta} disagrees with {count} records"
         )
+
+
+def _smallest_timestamp(view: Buffer, position: int, end: int) -> int:
+    """The smallest timestamp of a batch's records other than NO_TIMESTAMP (-1): old
+    producers' messages up-converted beside stamped ones (Kafka checks only the latter)."""
+    header = read_header(view, position, end)
+    data = records_area(view, position, header, MAX_DECOMPRESSED)
+    stamped = (
+        header.base_timestamp + r.timestamp_delta for r in raw_records(data, header.records_count)
+    )
+    return min(t for t in stamped if t != NO_TIMESTAMP)
 
 
 def _check_timestamps(smallest: int, largest: int, now_ms: int, config: LogConfig) -> None:
