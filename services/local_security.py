@@ -123,15 +123,33 @@ class LocalSecurity:
         """What the cluster's own checks of the members (four-letter words) connect with."""
         return client_context(self.files("controller"))
 
+    @property
+    def client_properties(self) -> Path:
+        return self.data_dir / "client.properties"
+
     def client_settings(self, bootstrap: str) -> str:
-        """The settings to give a Kafka client, printed in the banner."""
+        """Write the admin's Kafka client settings to ``client.properties`` (which
+        `kcat -F` and `directlog --command-config` read as they are) and return what the
+        banner prints: the settings, the password left out, and how to use the file."""
+        settings = {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "admin",
+            "sasl.password": self.password("admin"),
+            "ssl.ca.location": str(self.ca.resolve()),
+        }
+        self.client_properties.touch(mode=0o600)
+        self.client_properties.write_text(
+            "".join(f"{key}={value}\n" for key, value in settings.items()), encoding="utf-8"
+        )
+        settings["sasl.password"] = f"<the contents of {self.password_file('admin').resolve()}>"
+        path = self.client_properties.resolve()
         return (
-            f"  bootstrap.servers={bootstrap}\n"
-            "  security.protocol=SASL_SSL\n"
-            "  sasl.mechanism=SCRAM-SHA-512\n"
-            "  sasl.username=admin\n"
-            f"  sasl.password=<the contents of {self.password_file('admin').resolve()}>\n"
-            f"  ssl.ca.location={self.ca.resolve()}\n"
+            "".join(f"    {key}={value}\n" for key, value in settings.items())
+            + f"  all of them are in {path}:\n"
+            + f"    kcat -F {path} -L\n"
+            + f"    .venv/bin/directlog --command-config {path} topics list\n"
         )
 
 

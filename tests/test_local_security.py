@@ -8,7 +8,9 @@ import ssl
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
+from directlog.admin.client_config import parse_properties, read_client_config
 from services.broker.settings import BrokerSettings
 from services.consensus.settings import ConsensusSettings
 from services.controller.settings import ControllerSettings
@@ -64,3 +66,25 @@ def test_every_service_takes_its_settings(tmp_path: Path, monkeypatch: pytest.Mo
     ensemble = ConsensusSettings.load(consensus_config(tmp_path, security))
     assert ensemble.members[1].client is None and ensemble.members[1].secure_client
     assert ensemble.client_tls is not None and ensemble.quorum_tls is not None
+
+
+def test_the_admins_client_properties_serve_kcat_and_the_cli(tmp_path: Path) -> None:
+    """The banner's settings are written to client.properties (owner-only: it holds the
+    password) in the form `kcat -F` and `directlog --command-config` read."""
+    security = LocalSecurity.prepare(tmp_path)
+    banner = security.client_settings("127.0.0.1:9092,127.0.0.1:9093")
+    path = security.client_properties
+    assert path.stat().st_mode & 0o077 == 0
+    assert security.password("admin") not in banner
+    assert f"kcat -F {path.resolve()} -L" in banner
+    settings, bootstrap = read_client_config(str(path), {})
+    assert bootstrap == "127.0.0.1:9092,127.0.0.1:9093"
+    assert settings == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "admin",
+        "sasl_plain_password": security.password("admin"),
+        "ssl_cafile": str(security.ca.resolve()),
+    }
+    # librdkafka takes every line as it is (kcat -F passes them on the same way)
+    Producer(parse_properties(path.read_text(), str(path))).flush(0)

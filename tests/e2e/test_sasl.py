@@ -218,6 +218,10 @@ def test_clients_log_in_with_scram_and_plain(tmp_path: Path, pki: Pki, clients: 
         )
         listed = admin_cli("--command-config", str(properties), "topics", "list")
         assert listed.returncode == 0 and "logins" in listed.stdout, listed.stderr
+        kcat_listed = subprocess.run(
+            ["kcat", "-F", str(properties), "-L"], capture_output=True, timeout=60, check=True
+        )
+        assert b'topic "logins"' in kcat_listed.stdout  # the same file serves kcat
         variables = {
             f"DIRECTLOG_CLIENT_{key.upper().replace('.', '_')}": value
             for key, value in plain("carol", "carol-secret").items()
