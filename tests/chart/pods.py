@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from directlog.admin.client_config import ENV_PREFIX as CLIENT_PREFIX
+
 RUN_TIMEOUT = 30  # seconds for one container command
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -167,3 +171,25 @@ def _map_paths(text: str, mounts: dict[str, Path]) -> str:
     paths = sorted(mounts, key=len, reverse=True)
     pattern = "|".join(re.escape(p) for p in paths)
     return re.sub(f"({pattern})(?=/|$|[^A-Za-z0-9_.-])", lambda m: str(mounts[m.group(1)]), text)
+
+
+def settings_from_env(
+    monkeypatch: pytest.MonkeyPatch, cls: type[Any], env: dict[str, str], **overrides: Any
+) -> Any:
+    """`cls` (a service's settings) as the service builds it from this environment and
+    nothing else."""
+    for name in list(os.environ):
+        if name.startswith("DIRECTLOG_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return cls(**overrides)
+
+
+def unknown_variables(env: dict[str, str], prefix: str, cls: type[Any]) -> set[str]:
+    """Variables with the service's prefix that name none of its settings, leaving out the
+    admin CLI's (DIRECTLOG_CLIENT_*, DIRECTLOG_BOOTSTRAP_SERVERS), which a broker container
+    carries for `directlog` and the drain hook."""
+    known = {prefix + name.upper() for name in cls.model_fields} | {cls.config_env}
+    cli = {n for n in env if n.startswith(CLIENT_PREFIX)} | {"DIRECTLOG_BOOTSTRAP_SERVERS"}
+    return {n for n in env if n.startswith(prefix) and n not in known} - cli

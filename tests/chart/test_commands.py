@@ -6,7 +6,6 @@ topics the hook creates, the Spark job's arguments."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,11 @@ from services.broker.settings import BrokerSettings
 from services.consensus.settings import ConsensusSettings, parse_address
 from services.controller.settings import ControllerSettings
 from services.tiering.settings import TieringSettings
-from tests.chart.pods import PodFacts, run_container
+from tests.chart.pods import PodFacts, run_container, settings_from_env, unknown_variables
 from tests.chart.render import NAMESPACE, SCENARIOS, component, find, one, scenario
 
 pytestmark = pytest.mark.timeout(120)
 
-# DIRECTLOG_* variables the chart sets ahead of the services (none now).
-PENDING_SETTINGS: set[str] = set()
-# What the admin CLI reads in a broker container (`kubectl exec ... -- directlog`).
-CLI_VARIABLES = {"DIRECTLOG_BOOTSTRAP_SERVERS"}
 POD_IP = "10.244.1.5"  # PodFacts' status.podIP
 
 
@@ -35,25 +30,6 @@ def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
     ]
     assert len(found) == 1, f"{len(found)} containers named {name}"
     return found[0]
-
-
-def _settings_from_env(
-    monkeypatch: pytest.MonkeyPatch, cls: type[Any], env: dict[str, str], **overrides: Any
-) -> Any:
-    for name in list(os.environ):
-        if name.startswith("DIRECTLOG_"):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return cls(**overrides)
-
-
-def _unknown_variables(env: dict[str, str], prefix: str, cls: type[Any]) -> set[str]:
-    """Variables with the service's prefix that name none of its settings (and are not
-    known to be pending)."""
-    known = {prefix + name.upper() for name in cls.model_fields} | {cls.config_env}
-    unknown = {n for n in env if n.startswith(prefix) and n not in known}
-    return unknown - PENDING_SETTINGS - CLI_VARIABLES
 
 
 def _host(kind: str, ordinal: int) -> str:
@@ -108,7 +84,7 @@ def _run_broker(
         files["/var/run/directlog/rack/zone"] = ZONE
     [call] = run_container(_container(spec, "broker"), facts, tmp_path, ["directlog-broker"], files)
     assert call.argv == ["directlog-broker"]
-    settings = _settings_from_env(monkeypatch, BrokerSettings, call.env)
+    settings = settings_from_env(monkeypatch, BrokerSettings, call.env)
     return settings, call.env, sts
 
 
@@ -121,7 +97,7 @@ def test_broker_gets_node_id_listeners_and_controllers(
     for ordinal in range(3):
         settings, env, sts = _run_broker(name, ordinal, tmp_path / str(ordinal), monkeypatch)
         assert settings.node_id == ordinal
-        assert _unknown_variables(env, "DIRECTLOG_", BrokerSettings) == set()
+        assert unknown_variables(env, "DIRECTLOG_", BrokerSettings) == set()
         # On a Multus network, RDMA listens and is advertised on that network's address.
         rdma_ip = _rdma_ip(ordinal) if values.get("rdma", {}).get("networks") else None
         assert (settings.rdma_host, settings.rdma_advertised_host) == (rdma_ip, rdma_ip)
@@ -193,8 +169,8 @@ def test_broker_and_sidecar_share_the_store(
     [call] = run_container(
         _container(spec, "tiering"), facts, tmp_path / "tiering", ["directlog-tiering"]
     )
-    assert _unknown_variables(call.env, "DIRECTLOG_TIERING_", TieringSettings) == set()
-    tiering = _settings_from_env(monkeypatch, TieringSettings, call.env)
+    assert unknown_variables(call.env, "DIRECTLOG_TIERING_", TieringSettings) == set()
+    tiering = settings_from_env(monkeypatch, TieringSettings, call.env)
     assert tiering.store_config() == broker.store_config()
     assert tiering.remote == "s3://directlog-tiered/prod"
     assert tiering.s3_access_key == "<directlog-s3/access-key>"  # from the Secret
@@ -208,7 +184,7 @@ def test_sidecar_metrics_on_the_pod_ip(tmp_path: Path, monkeypatch: pytest.Monke
     facts = PodFacts(f"{component('broker')}-0", NAMESPACE)
     sidecar = _container(sts["spec"]["template"]["spec"], "tiering")
     [call] = run_container(sidecar, facts, tmp_path, ["directlog-tiering"])
-    tiering = _settings_from_env(monkeypatch, TieringSettings, call.env)
+    tiering = settings_from_env(monkeypatch, TieringSettings, call.env)
     assert tiering.metrics_host == POD_IP
     assert tiering.broker == "127.0.0.1:9393"  # the broker's side stays on the pod's localhost
 
@@ -278,8 +254,8 @@ def test_controllers_get_ids_and_the_ensemble(
         facts = PodFacts(f"{component('controller')}-{ordinal}", NAMESPACE)
         [call] = run_container(container, facts, tmp_path / str(ordinal), ["directlog-controller"])
         assert call.argv == ["directlog-controller", "--id", str(ordinal)]
-        assert _unknown_variables(call.env, "DIRECTLOG_CONTROLLER_", ControllerSettings) == set()
-        settings = _settings_from_env(
+        assert unknown_variables(call.env, "DIRECTLOG_CONTROLLER_", ControllerSettings) == set()
+        settings = settings_from_env(
             monkeypatch, ControllerSettings, call.env, controller_id=ordinal
         )
         assert settings.advertised_host == _host("controller", ordinal)

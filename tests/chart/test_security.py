@@ -42,7 +42,14 @@ from services.consensus.tls import names_host
 from services.controller.settings import ControllerSettings
 from services.tiering.settings import TieringSettings
 from tests.chart.apiserver import FakeApiServer, statefulset_path
-from tests.chart.pods import Exec, PodFacts, container_env, run_container
+from tests.chart.pods import (
+    Exec,
+    PodFacts,
+    container_env,
+    run_container,
+    settings_from_env,
+    unknown_variables,
+)
 from tests.chart.render import (
     CHART,
     NAMESPACE,
@@ -190,25 +197,6 @@ def _host(kind: str, ordinal: int) -> str:
 
 
 BOOTSTRAP = f"{component('broker')}.{DOMAIN}"
-
-
-def _settings(
-    monkeypatch: pytest.MonkeyPatch, cls: type[Any], env: dict[str, str], **overrides: Any
-) -> Any:
-    """`cls` as the service builds it from this environment (and nothing else)."""
-    for name in list(os.environ):
-        if name.startswith("DIRECTLOG_"):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return cls(**overrides)
-
-
-def _unknown(env: dict[str, str], prefix: str, cls: type[Any]) -> set[str]:
-    known = {prefix + name.upper() for name in cls.model_fields} | {cls.config_env}
-    # the admin CLI's and the drain hook's, in the broker container
-    cli = {n for n in env if n.startswith(CLIENT_PREFIX)} | {"DIRECTLOG_BOOTSTRAP_SERVERS"}
-    return {n for n in env if n.startswith(prefix) and n not in known} - cli
 
 
 def _local(env: dict[str, str], mounts: dict[str, Path]) -> dict[str, str]:
@@ -376,8 +364,8 @@ def test_broker_listeners_and_security_settings(
     pod_ip = SCENARIOS[name].get("listenAddress") == "podIP"
     for ordinal in range(3):
         call, spec = _run_broker(name, ordinal, tmp_path / str(ordinal))
-        assert _unknown(call.env, "DIRECTLOG_", BrokerSettings) == set()
-        settings: BrokerSettings = _settings(monkeypatch, BrokerSettings, call.env)
+        assert unknown_variables(call.env, "DIRECTLOG_", BrokerSettings) == set()
+        settings: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, call.env)
         broker = _container(spec, "broker")
         listen = "10.244.1.5" if pod_ip else "0.0.0.0"
         own = _host("broker", ordinal)
@@ -435,7 +423,8 @@ def test_lag_metrics_and_replicas_log_in_on_the_inter_broker_listener(
     """The brokers' replica fetchers and lag metrics (kafka_exporter.LeaderEndOffsets) use
     inter_broker_security: TLS with the mounted CA and the SCRAM login of the Secret."""
     call, _ = _run_broker("secured", 0, tmp_path)
-    settings: BrokerSettings = _settings(monkeypatch, BrokerSettings, _local(call.env, call.mounts))
+    env = _local(call.env, call.mounts)
+    settings: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, env)
     client = inter_broker_security(settings)
     assert client is not None and client.tls is not None and client.sasl is not None
     assert (client.sasl.mechanism, client.sasl.username) == ("SCRAM-SHA-512", "broker")
@@ -452,7 +441,8 @@ def test_kafka_certificate_serves_every_name_clients_dial(
     completes handshakes for the bootstrap Service, every broker's advertised name and the
     EXTERNAL hosts; EXTERNAL requires a client certificate, INTERNAL does not."""
     call, _ = _run_broker("secured", 0, tmp_path)
-    settings: BrokerSettings = _settings(monkeypatch, BrokerSettings, _local(call.env, call.mounts))
+    env = _local(call.env, call.mounts)
+    settings: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, env)
     assert settings.ssl is not None
     ca_only = client_context(TlsFiles(ca_file=settings.ssl.ca_file))
     internal = listener_security(settings, _listener(settings, "INTERNAL"))
@@ -484,7 +474,8 @@ def test_brokers_replicate_as_their_certificate_subject(
     """SSL between brokers, client certificates required: the broker presents its own
     certificate, whose subject is the super user the values name."""
     call, _ = _run_broker("mtls", 0, tmp_path)
-    settings: BrokerSettings = _settings(monkeypatch, BrokerSettings, _local(call.env, call.mounts))
+    env = _local(call.env, call.mounts)
+    settings: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, env)
     assert settings.inter_broker() == "INTERNAL"
     client = inter_broker_security(settings)
     assert client is not None and client.tls is not None and client.sasl is None
@@ -501,7 +492,8 @@ def test_renewed_secret_reaches_the_listener(
     swaps ..data for a renewed Secret, the listener serves the new certificate to new
     connections (a subPath mount would have kept the old file)."""
     call, _ = _run_broker("secured", 0, tmp_path)
-    settings: BrokerSettings = _settings(monkeypatch, BrokerSettings, _local(call.env, call.mounts))
+    env = _local(call.env, call.mounts)
+    settings: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, env)
     files = settings.ssl
     assert files is not None and files.cert_file is not None
     now = [0.0]
@@ -556,9 +548,9 @@ def _run_member(name: str, ordinal: int, workdir: Path) -> tuple[Exec, dict[str,
 def test_controller_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for ordinal in range(2):
         call, spec = _run_controller("secured", ordinal, tmp_path / str(ordinal))
-        assert _unknown(call.env, "DIRECTLOG_CONTROLLER_", ControllerSettings) == set()
+        assert unknown_variables(call.env, "DIRECTLOG_CONTROLLER_", ControllerSettings) == set()
         assert "CONSENSUS_AUTH_PASSWORD" not in call.env  # only in the settings variable
-        settings: ControllerSettings = _settings(
+        settings: ControllerSettings = settings_from_env(
             monkeypatch, ControllerSettings, call.env, controller_id=ordinal
         )
         controller = _container(spec, "controller")
@@ -618,8 +610,8 @@ def test_consensus_members_serve_tls_only(tmp_path: Path, monkeypatch: pytest.Mo
 def test_tiering_sidecar_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _pod_spec(_scenario("secured"), "StatefulSet", component("broker"))
     call = _run(spec, "tiering", f"{component('broker')}-2", tmp_path, ["directlog-tiering"])
-    assert _unknown(call.env, "DIRECTLOG_TIERING_", TieringSettings) == set()
-    settings: TieringSettings = _settings(monkeypatch, TieringSettings, call.env)
+    assert unknown_variables(call.env, "DIRECTLOG_TIERING_", TieringSettings) == set()
+    settings: TieringSettings = settings_from_env(monkeypatch, TieringSettings, call.env)
     assert settings.broker == "127.0.0.1:9393"
     assert settings.broker_tls_server_name == _host("broker", 2)
     assert settings.broker_tls is not None
@@ -635,18 +627,18 @@ def test_service_link_certificates_serve_the_names_dialed(
     and their sidecars reach them, controllers reach every member, members reach each
     other, all with client certificates required; the gRPC servers' files load."""
     broker_call, broker_spec = _run_broker("secured", 2, tmp_path / "broker")
-    broker: BrokerSettings = _settings(
+    broker: BrokerSettings = settings_from_env(
         monkeypatch, BrokerSettings, _local(broker_call.env, broker_call.mounts)
     )
     sidecar_call = _run(
         broker_spec, "tiering", f"{component('broker')}-2", tmp_path / "tiering",
         ["directlog-tiering"],
     )  # fmt: skip
-    sidecar: TieringSettings = _settings(
+    sidecar: TieringSettings = settings_from_env(
         monkeypatch, TieringSettings, _local(sidecar_call.env, sidecar_call.mounts)
     )
     controller_call, _ = _run_controller("secured", 0, tmp_path / "controller")
-    controller: ControllerSettings = _settings(
+    controller: ControllerSettings = settings_from_env(
         monkeypatch, ControllerSettings, _local(controller_call.env, controller_call.mounts)
     )
     member_call, _, config = _run_member("secured", 0, tmp_path / "member")
@@ -911,9 +903,9 @@ def test_client_variables_leave_the_broker_alone(
     call, _ = _run_broker(name, 0, tmp_path)
     client = {n for n in call.env if n.startswith(CLIENT_PREFIX)}
     assert "DIRECTLOG_CLIENT_SECURITY_PROTOCOL" in client
-    given: BrokerSettings = _settings(monkeypatch, BrokerSettings, call.env)
+    given: BrokerSettings = settings_from_env(monkeypatch, BrokerSettings, call.env)
     without = {n: v for n, v in call.env.items() if n not in client}
-    assert given == _settings(monkeypatch, BrokerSettings, without)
+    assert given == settings_from_env(monkeypatch, BrokerSettings, without)
 
 
 def test_admin_clients_unchanged_without_security() -> None:
