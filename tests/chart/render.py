@@ -167,6 +167,18 @@ def template(
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
+def schema_refusal(values: Mapping[str, Any]) -> str:
+    """helm's message refusing `values` by the chart's schema (AssertionError if it
+    renders, or fails for another reason)."""
+    try:
+        template(values)
+    except HelmError as error:
+        message = str(error)
+        assert "values don't meet the specifications of the schema" in message, message
+        return message
+    raise AssertionError("the values rendered")
+
+
 @cache
 def _rendered(name: str, kube_version: str) -> str:
     return json.dumps(template(SCENARIOS[name], kube_version))
