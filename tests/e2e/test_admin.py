@@ -484,6 +484,13 @@ def test_delete_records(module_broker, clients, topic_name):
 # Offsets by timestamp -----------------------------------------------------------------
 
 
+def offset_for(admin: Any, tp: TopicPartition, spec: OffsetSpec) -> tuple[int, int]:
+    """ListOffsets for one partition: (offset, timestamp)."""
+    (future,) = admin.list_offsets({tp: spec}, request_timeout=TIMEOUT).values()
+    result = future.result(timeout=TIMEOUT)
+    return result.offset, result.timestamp
+
+
 def test_list_offsets_by_timestamp(module_broker, clients, topic_name):
     topic = topic_name("times")
     base = int(time.time() * 1000) - 600_000
@@ -498,12 +505,9 @@ def test_list_offsets_by_timestamp(module_broker, clients, topic_name):
     assert [(e, m.offset()) for e, m in reports] == [(None, i) for i in range(20)]
 
     admin = clients.admin(module_broker.bootstrap)
-    tp = TopicPartition(topic, 0)
 
     def lookup(spec: OffsetSpec) -> tuple[int, int]:
-        (future,) = admin.list_offsets({tp: spec}, request_timeout=TIMEOUT).values()
-        result = future.result(timeout=TIMEOUT)
-        return result.offset, result.timestamp
+        return offset_for(admin, TopicPartition(topic, 0), spec)
 
     cases = [
         (base + 15, (2, base + 20)),  # inside the first batch: the next record at or after
@@ -1022,12 +1026,9 @@ def test_old_produce_without_timestamps_reads_back_without(module_broker, client
 
     # ListOffsets by timestamp passes the records without one by, as Kafka's does.
     admin = clients.admin(module_broker.bootstrap)
-    tp = TopicPartition(topic, 0)
 
     def lookup(spec: OffsetSpec) -> tuple[int, int]:
-        (future,) = admin.list_offsets({tp: spec}, request_timeout=TIMEOUT).values()
-        result = future.result(timeout=TIMEOUT)
-        return result.offset, result.timestamp
+        return offset_for(admin, TopicPartition(topic, 0), spec)
 
     assert lookup(OffsetSpec.for_timestamp(0)) == (2, before - 5000)
     assert lookup(OffsetSpec.for_timestamp(before))[0] == -1  # none at or after it
