@@ -11,6 +11,7 @@ describes broker "0" and topics and is refused a per-broker change.
 
 from __future__ import annotations
 
+import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
@@ -148,8 +149,15 @@ def produced(clients: Clients, cluster: Cluster, label: str, **config: str) -> P
 
 
 def served_v3(bootstrap: str, topic: Produced) -> bool:
-    """Whether a raw Fetch v3 of the topic gets its records."""
-    (answer,) = old_fetch(bootstrap, 3, [(topic.topic, 0)]).values()
+    """Whether a raw Fetch v3 of the topic gets its records. NOT_LEADER_OR_FOLLOWER is
+    retried, as a client retries it: right after a controller failover the broker
+    registers again and takes a full image, and may answer it for a moment."""
+    deadline = time.monotonic() + 30
+    while True:
+        (answer,) = old_fetch(bootstrap, 3, [(topic.topic, 0)]).values()
+        if answer.error_code != ErrorCode.NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     if answer.error_code == ErrorCode.UNSUPPORTED_VERSION:
         return False
     assert answer.error_code == ErrorCode.NONE
