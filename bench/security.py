@@ -91,7 +91,14 @@ from bench.broker import (
 )
 from bench.processes import keep_freed_heap, print_goals, save_results
 from directlog.protocol.client import ClientSecurity, KafkaConnection, SaslLogin
-from directlog.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from directlog.security.acl import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    operations_for,
+)
 from directlog.security.certs import CertificateAuthority
 from directlog.security.tls import TlsFiles, client_context
 from services.broker.authorizer import Authorizer
@@ -403,18 +410,9 @@ def random_acls(count: int, rng: random.Random) -> list[AclBinding]:
     groups named by team and service, literal and prefixed, mostly ALLOW, some for one host.
     A tenth name topics beside the bench's own (every prefix of their names among them),
     so a decision about a bench topic walks past grants it must weigh."""
-    topic_operations = [
-        Operation.READ,
-        Operation.WRITE,
-        Operation.CREATE,
-        Operation.DELETE,
-        Operation.ALTER,
-        Operation.DESCRIBE,
-        Operation.DESCRIBE_CONFIGS,
-        Operation.ALTER_CONFIGS,
-        Operation.ALL,
-    ]
-    group_operations = [Operation.READ, Operation.DELETE, Operation.DESCRIBE, Operation.ALL]
+    # what requests check on each type (KIP-430's sets), and ALL
+    topic_operations = [*sorted(operations_for(ResourceType.TOPIC)), Operation.ALL]
+    group_operations = [*sorted(operations_for(ResourceType.GROUP)), Operation.ALL]
     acls: set[AclBinding] = set()
     while len(acls) < count:
         pattern = PatternType.PREFIXED if rng.random() < 0.3 else PatternType.LITERAL

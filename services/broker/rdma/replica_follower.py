@@ -91,15 +91,6 @@ class FollowerChannel:
     unwatch: Callable[[], None] | None = None  # stops watching that session's end
 
 
-def push_authority_lost(session: Session, authorizer: Authorizer | None) -> KafkaError | None:
-    """Why the leader's ``session`` may no longer hold a push grant (``authorizer``: None
-    when ACLs are not checked), or None while it may: the credentials of its SASL login
-    (as every grant), and CLUSTER_ACTION on the cluster, which RdmaReplica needs."""
-    return authority_lost(
-        session, authorizer, Operation.CLUSTER_ACTION, (CLUSTER_NAME,), ResourceType.CLUSTER
-    )
-
-
 class ReplicaFollower:
     """Grants head segments to leaders that push, and commits what they write."""
 
@@ -354,7 +345,13 @@ class ReplicaFollower:
             session = channel.session
             if session is None:
                 continue
-            error = push_authority_lost(session, authorizer)
+            error = authority_lost(  # as RdmaReplica asked: CLUSTER_ACTION on the cluster
+                session,
+                authorizer,
+                Operation.CLUSTER_ACTION,
+                (CLUSTER_NAME,),
+                ResourceType.CLUSTER,
+            )
             if error is not None:
                 self._close(channel, f"grant revoked: {session.principal}: {error}")
 
