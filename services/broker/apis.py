@@ -1807,8 +1807,7 @@ class KafkaApis:
                 f"broker resource {broker!r}: expected a broker id, or empty for the "
                 "cluster-wide defaults",
             )
-        named = (*alteration.set, *alteration.delete, *alteration.append, *alteration.subtract)
-        log_names = sorted(n for n in named if n in _LOG_NAMES)
+        log_names = sorted(n for n in _named(alteration) if n in _LOG_NAMES)
         if log_names:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
@@ -1846,12 +1845,7 @@ class KafkaApis:
         assert not broker, "per-broker configs go to _alter_broker_configs"
         fixed = sorted(
             name
-            for name in (
-                *alteration.set,
-                *alteration.delete,
-                *alteration.append,
-                *alteration.subtract,
-            )
+            for name in _named(alteration)
             if not name.startswith(LOG_PREFIX)
             or name.removeprefix(LOG_PREFIX) not in BROKER_DEFAULT_NAMES
         )
@@ -1901,6 +1895,11 @@ class KafkaApis:
     def _shows(self, alteration: pb.ConfigAlteration) -> bool:
         topic = self.image.topic(alteration.name)
         return topic is not None and _holds(topic.configs, alteration)
+
+
+def _named(alteration: pb.ConfigAlteration) -> tuple[str, ...]:
+    """Every config name an alteration sets, deletes, appends to or subtracts from."""
+    return (*alteration.set, *alteration.delete, *alteration.append, *alteration.subtract)
 
 
 def _holds(
