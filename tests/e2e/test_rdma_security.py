@@ -167,6 +167,13 @@ class Writer:
     order: int = 0
     replies_read: int = 0
 
+    async def take_grant(self, connection: KafkaConnection, topic: str, provider: str) -> None:
+        """Ask for a write grant on partition 0 of `topic`, which must be given, and
+        connect to it."""
+        grant = await ask_write(connection, topic, provider, self.replies)
+        assert grant.error_code == 0, grant.error_message
+        self.connect(grant)
+
     @classmethod
     def open(cls, ctx: Any) -> Writer:
         pd, cq = ctx.alloc_pd(), ctx.create_cq(256)
@@ -278,9 +285,7 @@ def test_a_produce_grant_needs_write_and_goes_with_the_acl(
                 refused = await ask_write(connection, topic, provider, writer.replies)
                 assert refused.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 secured.allow(acl(principal, AclOperation.WRITE, topic))
-                grant = await ask_write(connection, topic, provider, writer.replies)
-                assert grant.error_code == 0, grant.error_message
-                writer.connect(grant)
+                await writer.take_grant(connection, topic, provider)
                 assert writer.write(first) == 0
 
                 deleted = secured.admin.delete_acls([acl_filter(TOPIC, topic, LITERAL, principal)])
@@ -312,9 +317,7 @@ def test_a_produce_grant_goes_with_the_users_credentials(
         try:
             with open_context(provider) as ctx:
                 writer = Writer.open(ctx)
-                grant = await ask_write(connection, topic, provider, writer.replies)
-                assert grant.error_code == 0, grant.error_message
-                writer.connect(grant)
+                await writer.take_grant(connection, topic, provider)
                 assert writer.write(first) == 0
 
                 user, _ = user_of(login)
@@ -346,9 +349,7 @@ def test_a_grant_ends_with_the_connection_that_asked_for_it(
             writer = Writer.open(ctx)
             connection = await sasl_connection(secured.sasl, login)
             try:
-                grant = await ask_write(connection, topic, provider, writer.replies)
-                assert grant.error_code == 0, grant.error_message
-                writer.connect(grant)
+                await writer.take_grant(connection, topic, provider)
                 assert writer.write(first) == 0
             finally:
                 await connection.close()
@@ -485,9 +486,7 @@ def test_a_grant_ends_when_its_session_expires(
             try:
                 with open_context("shm") as ctx:
                     writer = Writer.open(ctx)
-                    grant = await ask_write(connection, topic, "shm", writer.replies)
-                    assert grant.error_code == 0, grant.error_message
-                    writer.connect(grant)
+                    await writer.take_grant(connection, topic, "shm")
                     assert writer.write(first) == 0
                     writer.disconnected()  # within the 3 s lifetime and a little
                     writer.refused(after)
