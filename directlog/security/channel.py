@@ -92,6 +92,7 @@ class TlsChannel(Channel):
             self._incoming, self._outgoing, server_side=server_side, server_hostname=server_hostname
         )
         self._raw = bytearray(_RECEIVE)
+        self._plain: bytearray | None = None  # file bytes read for sendfile, made once
 
     async def handshake(self) -> None:
         while True:
@@ -138,8 +139,11 @@ class TlsChannel(Channel):
             await self._flush()
 
     async def sendfile(self, fd: int, offset: int, count: int) -> None:
-        """The file's bytes read in bounded chunks and encrypted: TLS cannot use sendfile."""
-        buffer = bytearray(min(count, _SEND_CHUNK))
+        """The file's bytes read in bounded chunks and encrypted: TLS cannot use sendfile.
+        One buffer serves every call (a connection sends one answer at a time)."""
+        if self._plain is None:
+            self._plain = bytearray(_SEND_CHUNK)
+        buffer = self._plain
         while count:
             size = min(count, len(buffer))
             read = os.preadv(fd, [memoryview(buffer)[:size]], offset)
