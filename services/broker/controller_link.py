@@ -139,41 +139,55 @@ class ControllerLink:
     # Registration and heartbeats -----------------------------------------------------------
 
     async def _stay_registered(self) -> None:
+        """Register, then heartbeat under that epoch for as long as a controller accepts it.
+
+        While no controller answers (an election between controllers, a partition) the
+        broker keeps its epoch and heartbeats on: the next active controller loads the
+        registration and knows the epoch, as a KRaft broker's session outlives a controller
+        failover. Only a refused heartbeat (the session ended, the broker was fenced) makes
+        it register again, under a new epoch and with a full image."""
+        while True:
+            await self._register()
+            while await self._heartbeat():
+                await asyncio.sleep(self.heartbeat_seconds)
+            self.registered.clear()
+
+    async def _heartbeat(self) -> bool:
+        """False when the controller refused this epoch; True when it was accepted or no
+        controller answered."""
+        request = pb.HeartbeatRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch)
+        try:
+            reply = await self.call(
+                lambda s: s.Heartbeat,
+                request,
+                timeout=max(HEARTBEAT_TIMEOUT_FLOOR, 3 * self.heartbeat_seconds),
+            )
+        except ControllerUnavailableError as error:
+            log.warning("heartbeat of epoch %d not heard: %s", self.broker_epoch, error)
+            return True
+        if reply.error_code != ErrorCode.NONE:
+            log.warning(
+                "heartbeat refused (%s: %s); registering again",
+                ErrorCode(reply.error_code).name,
+                reply.error_message,
+            )
+            return False
+        return True
+
+    async def _register(self) -> None:
+        request = pb.RegisterBrokerRequest(
+            broker_id=self.broker_id,
+            incarnation_id=self.incarnation,
+            listeners=self.listeners,
+            rack=self.rack,
+        )
         while True:
             try:
-                await self._register()
-                while True:
-                    await asyncio.sleep(self.heartbeat_seconds)
-                    reply = await self.call(
-                        lambda s: s.Heartbeat,
-                        pb.HeartbeatRequest(
-                            broker_id=self.broker_id, broker_epoch=self.broker_epoch
-                        ),
-                        timeout=max(HEARTBEAT_TIMEOUT_FLOOR, 3 * self.heartbeat_seconds),
-                    )
-                    if reply.error_code != ErrorCode.NONE:
-                        log.warning(
-                            "heartbeat refused (%s: %s); registering again",
-                            ErrorCode(reply.error_code).name,
-                            reply.error_message,
-                        )
-                        self.registered.clear()
-                        break
+                reply = await self.call(lambda s: s.RegisterBroker, request)
             except ControllerUnavailableError as error:
                 log.warning("%s", error)
                 await asyncio.sleep(RETRY_SECONDS)
-
-    async def _register(self) -> None:
-        while True:
-            reply = await self.call(
-                lambda s: s.RegisterBroker,
-                pb.RegisterBrokerRequest(
-                    broker_id=self.broker_id,
-                    incarnation_id=self.incarnation,
-                    listeners=self.listeners,
-                    rack=self.rack,
-                ),
-            )
+                continue
             if reply.error_code == ErrorCode.NONE:
                 self.broker_epoch = reply.broker_epoch
                 self.registered.set()

@@ -68,6 +68,8 @@ def test_leader_killed_and_restarted_under_load_loses_nothing(cluster: Cluster) 
 
 @pytest.mark.timeout(240)
 def test_active_controller_killed_under_load_loses_nothing(cluster: Cluster) -> None:
+    """The brokers keep their sessions through the failover: the standby loads their
+    registrations, so none registers again (a new epoch and a full image each)."""
     active = next(c for c in cluster.controllers if c.sample("directlog_controller_active") == 1)
     with Load(cluster.bootstrap) as load:
         load.wait_acked(300)
@@ -82,6 +84,9 @@ def test_active_controller_killed_under_load_loses_nothing(cluster: Cluster) -> 
     stored = read_back(cluster)
     check_no_acknowledged_record_lost(load, stored)
     check_replicas_identical(cluster, stored)
+    for broker in cluster.brokers.values():  # once per start, the failover in between
+        registrations = broker.stderr_text().count("registered as broker")
+        assert registrations == broker.starts, broker.stderr_tail()
 
 
 @pytest.mark.timeout(240)
