@@ -3,6 +3,7 @@ I/O: joins, syncs, heartbeats and leaves at chosen times, checked against Kafka'
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from directlog.protocol.errors import ErrorCode
@@ -177,6 +178,70 @@ def test_static_member_restart_keeps_its_assignment_and_fences_the_old_id() -> N
     )
     assert group.heartbeat(b, "i-b", 1, DELAY + 200) is ErrorCode.FENCED_INSTANCE_ID
     assert group.leave([(b, "i-b")], DELAY + 200)[0].error is ErrorCode.FENCED_INSTANCE_ID
+
+
+def stable_static_pair(group: Group) -> tuple[str, str]:
+    """Static members i-a (the leader, assigned b"A") and i-b (b"B"), stable in generation 1."""
+    a = group.join(request(instance="i-a", known_id_required=False), 0)
+    b = group.join(request(instance="i-b", known_id_required=False), 0)
+    assert isinstance(a, str) and isinstance(b, str)
+    group.tick(DELAY)
+    assert replies(group)[a].leader == a
+    group.sync(a, "i-a", 1, None, None, DELAY)
+    group.sync(b, "i-b", 1, None, None, DELAY)
+    group.assignment_stored(1, {a: b"A", b: b"B"}, ErrorCode.NONE, DELAY)
+    group.take_replies()
+    assert group.take_store() is False
+    return a, b
+
+
+def test_a_static_leader_restarting_skips_the_assignment() -> None:
+    """KIP-814 (JoinGroup v9+): the restarted leader is told it leads, with every member's
+    metadata to watch, and that it must not assign; nothing rebalances and the new member id
+    is stored with the assignments as they are."""
+    group = new_group()
+    a, b = stable_static_pair(group)
+    again = dataclasses.replace(request(instance="i-a"), can_skip_assignment=True)
+    reply = group.join(again, DELAY + 100)
+    assert isinstance(reply, JoinReply) and reply.error is ErrorCode.NONE
+    new_a = reply.member_id
+    assert new_a != a and reply.leader == new_a and reply.skip_assignment
+    assert reply.generation == 1 and [m[:2] for m in reply.members] == [(b, "i-b"), (new_a, "i-a")]
+    assert group.state is GroupState.STABLE and group.take_store() is True
+    assert {m.member_id: m.assignment for m in group.to_value().members} == {b: b"B", new_a: b"A"}
+    # Its SyncGroup (no assignments: it skipped them) gets its old assignment back.
+    assert group.sync(new_a, "i-a", 1, None, None, DELAY + 150) == SyncReply(
+        new_a, ErrorCode.NONE, "consumer", "range", b"A"
+    )
+    assert group.heartbeat(b, "i-b", 1, DELAY + 200) is ErrorCode.NONE
+    assert group.heartbeat(a, "i-a", 1, DELAY + 200) is ErrorCode.FENCED_INSTANCE_ID
+
+
+def test_a_static_leader_on_an_older_join_group_is_told_the_old_id_leads() -> None:
+    """Before JoinGroup v9 a client cannot skip assigning, so the answer names the old
+    member id as leader: the restarted leader acts as a follower and the group stays."""
+    group = new_group()
+    a, _ = stable_static_pair(group)
+    reply = group.join(request(instance="i-a"), DELAY + 100)
+    assert isinstance(reply, JoinReply) and reply.error is ErrorCode.NONE
+    assert reply.leader == a != reply.member_id and reply.members == []
+    assert not reply.skip_assignment and group.state is GroupState.STABLE
+    assert group.leader == reply.member_id  # the group itself knows its leader's new id
+    assert group.sync(reply.member_id, "i-a", 1, None, None, DELAY + 150) == SyncReply(
+        reply.member_id, ErrorCode.NONE, "consumer", "range", b"A"
+    )
+
+
+def test_a_static_member_restarting_with_another_protocol_rebalances() -> None:
+    group = new_group()
+    stable_static_pair(group)
+    both = [("roundrobin", b"rr"), ("range", b"r")]
+    # a now prefers roundrobin, b still only range: range stays chosen, no rebalance.
+    kept = group.join(request(instance="i-a", protocols=both), DELAY + 100)
+    assert isinstance(kept, JoinReply) and group.state is GroupState.STABLE
+    # b restarted preferring roundrobin too: the choice changes, so the group rebalances.
+    moved = group.join(request(instance="i-b", protocols=both), DELAY + 200)
+    assert isinstance(moved, str) and group.state is GroupState.PREPARING_REBALANCE
 
 
 def test_protocol_choice_and_inconsistent_protocols() -> None:

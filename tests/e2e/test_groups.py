@@ -250,16 +250,18 @@ def test_restarted_members_resume_exactly_at_the_committed_offsets(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("restarting", ["c", "a"], ids=["follower", "leader"])
 def test_a_static_member_restarting_gets_its_partitions_back_without_a_rebalance(
-    broker: BrokerProcess, clients: Clients, topic_name: Callable[[str], str]
+    broker: BrokerProcess, clients: Clients, topic_name: Callable[[str], str], restarting: str
 ) -> None:
     """KIP-345: a member with group.instance.id that comes back within its session timeout
-    takes its old identity and assignment; the other members are not rebalanced."""
+    takes its old identity and assignment; the other members are not rebalanced. The same
+    for the group's leader (KIP-814: it rejoins without assigning anew)."""
     topic = Topic(clients, broker.bootstrap, topic_name("static"), PARTITIONS)
     name = group_name("static")
     session = {"session.timeout.ms": 15000}  # time enough to restart a consumer
     group = InProcessGroup(clients, topic, name, session)
-    # a joins first and alone, so it leads the group: c, which restarts, is a follower.
+    # a joins first and alone, so it leads the group.
     group.join("a", {"group.instance.id": "static-a"})
     group.poll_until(
         lambda: group.assignments()["a"] == set(range(PARTITIONS)), CONVERGE_S, "a alone"
@@ -270,20 +272,22 @@ def test_a_static_member_restarting_gets_its_partitions_back_without_a_rebalance
     first = topic.produce(10)
     group.poll_until(lambda: group.read_count() >= len(first), TIMEOUT, "the first batch")
     group.keep_polling(1.0)
-    callbacks = {n: list(group.members[n].callbacks) for n in ("a", "b")}
+    others = sorted({"a", "b", "c"} - {restarting})
+    callbacks = {n: list(group.members[n].callbacks) for n in others}
 
-    group.close("c")  # a static member sends no LeaveGroup
-    group.join("c-again", {"group.instance.id": "static-c"})
+    group.close(restarting)  # a static member sends no LeaveGroup
+    again = f"{restarting}-again"
+    group.join(again, {"group.instance.id": f"static-{restarting}"})
     group.poll_until(
-        lambda: group.assignments()["c-again"] == before["c"],
+        lambda: group.assignments()[again] == before[restarting],
         CONVERGE_S,
         "the restarted static member to get its partitions back",
     )
     group.keep_polling(3 * HEARTBEAT_MS / 1000 + 1)  # a rebalance would show by now
-    assert group.assignments() == {"a": before["a"], "b": before["b"], "c-again": before["c"]}
-    for n in ("a", "b"):
+    assert group.assignments() == {**{n: before[n] for n in others}, again: before[restarting]}
+    for n in others:
         assert group.members[n].callbacks == callbacks[n], f"{n} was rebalanced"
-    assert group.members["c-again"].callbacks == [("assign", sorted(before["c"]))]
+    assert group.members[again].callbacks == [("assign", sorted(before[restarting]))]
 
     second = topic.produce(10)
     group.poll_until(
@@ -291,7 +295,7 @@ def test_a_static_member_restarting_gets_its_partitions_back_without_a_rebalance
     )
     group.keep_polling(0.5)
     check_read_once_in_order(group.reads(), first + second)
-    assert first_offsets(group.members["c-again"].reads) == dict.fromkeys(before["c"], 10)
+    assert first_offsets(group.members[again].reads) == dict.fromkeys(before[restarting], 10)
 
 
 # kafka-python ---------------------------------------------------------------------------------

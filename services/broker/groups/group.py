@@ -89,6 +89,7 @@ class JoinRequest:
     protocol_type: str
     protocols: list[tuple[str, bytes]]
     require_known_member_id: bool  # JoinGroup v4+: a new member first gets its id
+    can_skip_assignment: bool = False  # JoinGroup v9+ (KIP-814): a leader may skip assigning
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class JoinReply:
     leader: str = ""
     # For the leader: every member's id, instance id and metadata for the chosen protocol.
     members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+    skip_assignment: bool = False  # a rejoined static leader keeps the current assignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +262,13 @@ class Group:
 
     def _replace_static(self, request: JoinRequest, old_id: str, now_ms: int) -> JoinReply | str:
         """A static member restarted: it takes over the old identity under a new member id;
-        whatever the old incarnation waits for is answered FENCED_INSTANCE_ID."""
+        whatever the old incarnation waits for is answered FENCED_INSTANCE_ID.
+
+        In a stable group whose protocol it leaves as it is, nothing rebalances (KIP-345):
+        the new id is stored and SyncGroup hands back the old assignment. A rejoining leader
+        is told it leads but must not assign (KIP-814's SkipAssignment, JoinGroup v9+), so it
+        still watches topic metadata; an older client is told the old id leads, so it does not
+        assign either."""
         member = self.members.pop(old_id)
         if member.joining:
             self._replies.append(JoinReply(old_id, ErrorCode.FENCED_INSTANCE_ID))
@@ -275,10 +283,14 @@ class Group:
         was_leader = self.leader == old_id
         if was_leader:
             self.leader = new_id
-        unchanged = member.protocols == request.protocols
         self._update(member, request, now_ms)
-        if self.state is GroupState.STABLE and unchanged and not was_leader:
-            return self._join_reply(new_id)  # its assignment stays; SyncGroup returns it
+        if self.state is GroupState.STABLE and self._select_protocol() == self.protocol:
+            self._store = True  # the new member id, with the assignments as they are
+            if not was_leader:
+                return self._join_reply(new_id)
+            if request.can_skip_assignment:
+                return dataclasses.replace(self._join_reply(new_id), skip_assignment=True)
+            return dataclasses.replace(self._join_reply(new_id), leader=old_id, members=[])
         member.joining = True
         if self.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(now_ms)

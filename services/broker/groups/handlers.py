@@ -98,6 +98,7 @@ class GroupApis:
             protocol_type=request.protocol_type,
             protocols=[(p.name, bytes(p.metadata)) for p in request.protocols],
             require_known_member_id=version >= 4,
+            can_skip_assignment=version >= 9,
         )
         reply = await self.coordinator.join(request.group_id, join)
         code = self._counted("join_group", reply.error)
@@ -116,7 +117,7 @@ class GroupApis:
             protocol_type=reply.protocol_type,
             protocol_name=reply.protocol if reply.protocol is not None or version >= 7 else "",
             leader=reply.leader,
-            skip_assignment=False,
+            skip_assignment=reply.skip_assignment,
             member_id=reply.member_id,
             members=[
                 response.JoinGroupResponseMember(
