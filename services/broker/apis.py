@@ -75,6 +75,12 @@ from services.broker.rdma.consume import RdmaConsume
 from services.broker.rdma.produce import RdmaProduce
 from services.broker.rdma.replication import RdmaReplication
 from services.broker.replica_manager import ReplicaManager, now_ms
+from services.broker.replica_selector import (
+    RACK_AWARE_SELECTOR,
+    ReplicaView,
+    candidates,
+    rack_aware,
+)
 from services.broker.scram_admin import ScramAdmin
 from services.broker.settings import BrokerSettings
 from services.broker.storage import AppendResult, FileSlice, PartitionLog
@@ -631,11 +637,25 @@ class KafkaApis:
                             else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         )
                         raise KafkaError(code, f"unknown topic {name or topic_id}")
-                    partition = self.replicas.leader_partition(
-                        name, wanted.partition, wanted.current_leader_epoch if version >= 9 else -1
+                    epoch = wanted.current_leader_epoch if version >= 9 else -1
+                    # Consumers from Fetch v11 (KIP-392) may read a follower too.
+                    partition = (
+                        self.replicas.readable_partition(name, wanted.partition, epoch)
+                        if replica < 0 and version >= 11
+                        else self.replicas.leader_partition(name, wanted.partition, epoch)
                     )
                     partition_log = partition.log
                     throttle = False
+                    preferred = self._preferred_read_replica(
+                        request, version, replica, partition, wanted.fetch_offset, now
+                    )
+                    if preferred is not None:  # no records: the consumer goes there
+                        data.preferred_read_replica = preferred
+                        data.high_watermark = data.last_stable_offset = partition_log.high_watermark
+                        data.log_start_offset = partition_log.log_start_offset
+                        data.records = b""
+                        partitions.append(data)
+                        continue
                     if replica >= 0:
                         partition.follower_fetched(
                             replica,
@@ -653,6 +673,17 @@ class KafkaApis:
                             self._check_down_conversion(name, version)
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
+                    if (
+                        not partition.is_leader
+                        and epoch < 0
+                        and wanted.fetch_offset > partition_log.log_end_offset
+                    ):
+                        # A follower behind a consumer that sent no leader epoch, so may be
+                        # here on stale metadata: no records, not an out of range that its
+                        # reset policy would act on (as Kafka answers).
+                        data.records = b""
+                        partitions.append(data)
+                        continue
                     budget = max(min(wanted.partition_max_bytes, max_bytes - total), 0)
                     # KIP-74 (Fetch v3+): the first partition's first batch goes even past
                     # the limits; before v3 the limits hold.
@@ -715,6 +746,44 @@ class KafkaApis:
                 partitions.append(data)
             topics.append(TopicData(name, topic_id, partitions))
         return _FetchRead(topics, total, failed, remote, throttled)
+
+    def _preferred_read_replica(
+        self,
+        request: Any,
+        version: int,
+        replica: int,
+        partition: Partition,
+        fetch_offset: int,
+        now: int,
+    ) -> int | None:
+        """The follower a consumer's Fetch (v11+, with its client.rack) should go to instead
+        of this leader, under a rack-aware replica.selector.class; None: read here."""
+        if (
+            replica >= 0
+            or version < 11
+            or not request.rack_id
+            or not partition.is_leader
+            or self.settings.replica_selector_class != RACK_AWARE_SELECTOR
+        ):
+            return None
+        image = self.image
+        listener = LISTENER.get()
+        racks = {
+            b.broker_id: b.rack
+            for b in image.brokers.values()
+            if not b.fenced and b.address(listener) is not None
+        }
+        leader = ReplicaView(self.settings.node_id, racks.get(self.settings.node_id), 0, 0)
+        followers = (
+            (r, p.log_start_offset, p.log_end_offset, p.last_caught_up_ms)
+            for r, p in partition.followers.items()
+        )
+        chosen = rack_aware(
+            request.rack_id,
+            leader,
+            candidates(followers, partition.info.isr, fetch_offset, now, racks),
+        )
+        return None if chosen == leader.broker_id else chosen
 
     async def _read_remote(self, remote: list[_RemoteFetch], version: int) -> None:
         """Fill in the partitions below their local log start from the remote store, waiting

@@ -38,6 +38,7 @@ class PartitionData:
     log_start_offset: int = -1
     records: Records | None = None
     offsets: int = 0  # records the slice spans, for metrics
+    preferred_read_replica: int = -1  # KIP-392: read from this follower instead (v11+)
 
     @property
     def records_size(self) -> int:
@@ -102,7 +103,7 @@ def encode_fetch_response(
             if version >= 4:
                 w.length(None)  # aborted transactions: none under read_uncommitted
             if version >= 11:
-                w.int32(-1)  # preferred read replica: none
+                w.int32(p.preferred_read_replica)
             w.records(p.records, p.records_size)
             w.tags()
         w.tags()

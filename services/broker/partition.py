@@ -149,6 +149,22 @@ class Partition:
                 f"{self.tp}: broker {self.local_id} is not the leader (leader {self.info.leader})",
             )
 
+    def check_readable(self, current_leader_epoch: int = -1) -> None:
+        """As `check_leader`, for a consumer that may read from a follower (KIP-392): any
+        replica here answers, under the leader epoch the client knows."""
+        if self.is_leader:
+            self.check_leader(current_leader_epoch)
+        elif current_leader_epoch >= 0 and current_leader_epoch != self.info.leader_epoch:
+            self.check_leader(current_leader_epoch)  # raises the epoch's error
+
+    def follow_high_watermark(self, leader_high_watermark: int) -> None:
+        """A follower takes the leader's high watermark, within what it holds; a move wakes
+        the consumers long-polling it (KIP-392)."""
+        before = self.log.high_watermark
+        moved = self.log.update_high_watermark(min(leader_high_watermark, self.log.log_end_offset))
+        if moved != before:
+            self._notify()
+
     # Producing ---------------------------------------------------------------------------
 
     def check_appendable(self, acks: int) -> None:

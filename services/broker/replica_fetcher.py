@@ -397,7 +397,7 @@ class ReplicaFetcher:
             if self.pulled is not None:
                 self.pulled(state.partition.tp, end - start)
             start = end
-        partition_log.update_high_watermark(min(data.high_watermark, partition_log.log_end_offset))
+        state.partition.follow_high_watermark(data.high_watermark)
         if data.log_start_offset > partition_log.log_start_offset:  # DeleteRecords, retention
             partition_log.advance_log_start(
                 min(data.log_start_offset, partition_log.high_watermark)

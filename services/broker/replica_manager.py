@@ -74,6 +74,19 @@ class ReplicaManager:
         self, topic: str, partition: int, current_leader_epoch: int = -1
     ) -> Partition:
         """The partition, if this broker leads it; raises with the code clients expect."""
+        found = self._hosted(topic, partition)
+        found.check_leader(current_leader_epoch)
+        return found
+
+    def readable_partition(
+        self, topic: str, partition: int, current_leader_epoch: int = -1
+    ) -> Partition:
+        """The partition, if this broker holds a replica a consumer may read (KIP-392)."""
+        found = self._hosted(topic, partition)
+        found.check_readable(current_leader_epoch)
+        return found
+
+    def _hosted(self, topic: str, partition: int) -> Partition:
         found = self.partitions.get(TopicPartition(topic, partition))
         if found is None:
             info = self.image.partition(TopicPartition(topic, partition))
@@ -86,7 +99,6 @@ class ReplicaManager:
                 ErrorCode.NOT_LEADER_OR_FOLLOWER,
                 f"broker {self.broker_id} holds no replica of {topic}-{partition}",
             )
-        found.check_leader(current_leader_epoch)
         return found
 
     # Following the image ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from directlog.remote.store import StoreConfig
 from directlog.security.sasl import MECHANISMS as SASL_MECHANISMS
 from directlog.security.tls import ClientAuth, TlsFiles
 from directlog.settings import ServiceSettings
+from services.broker.replica_selector import Selector
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SECURITY_PROTOCOLS: tuple[str, ...] = get_args(SecurityProtocol)
@@ -119,7 +120,11 @@ class BrokerSettings(ServiceSettings):
     inter_broker_sasl_password: SecretStr | None = None
     data_dir: Path = Path("data")
     metrics_port: int = Field(9308, ge=0, le=65535)  # 0 picks a free port
-    rack: str | None = None
+    rack: str | None = None  # Kafka's broker.rack
+    # Kafka's replica.selector.class: unset or LeaderSelector, consumers read from leaders;
+    # RackAwareReplicaSelector, a consumer with a client.rack reads from a replica in its
+    # rack (KIP-392, services/broker/replica_selector.py).
+    replica_selector_class: Selector | None = None
     # The controllers, any of them (standbys point to the active one).
     controllers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9190"], min_length=1)
     heartbeat_interval_ms: int = Field(1000, ge=10)

@@ -428,8 +428,7 @@ class ReplicaFollower:
     @staticmethod
     def _take_high_watermark(channel: FollowerChannel) -> None:
         (high_watermark,) = HIGH_WATERMARK.unpack_from(channel.hw.buf, 0)
-        plog = channel.partition.log
-        plog.update_high_watermark(min(high_watermark, plog.log_end_offset))
+        channel.partition.follow_high_watermark(high_watermark)
 
     def _reply(self, channel: FollowerChannel, order: int) -> None:
         """Write the log end into the leader's slot ``order % credits`` (WRITE_WITH_IMM, the
