@@ -44,6 +44,8 @@ class PartitionResult:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    # KIP-467 (v8+): the records a rule refused, by their index in the batch, and why.
+    record_errors: tuple[tuple[int, str], ...] = ()
 
 
 def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
@@ -151,7 +153,11 @@ def encode_produce_response(
                 if p.error_message is None:
                     buffer += no_record_errors
                 else:
-                    writer.length(0)  # record errors: none singled out
+                    writer.length(len(p.record_errors))
+                    for batch_index, message in p.record_errors:
+                        writer.int32(batch_index)
+                        writer.string(message)
+                        writer.tags()
                     writer.string(p.error_message)
             writer.tags()
         writer.tags()

@@ -5,9 +5,21 @@ table (CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE, ...). Mess
 which field was wrong and what was found, because the caller logs them once and moves on.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 
 class RecordError(Exception):
-    """Base for every problem with record bytes supplied by a client or read from disk."""
+    """Base for every problem with record bytes supplied by a client or read from disk.
+
+    ``record_errors`` names the records at fault when a rule refused single records of a
+    batch: (index in the batch, why), which Produce v8+ answers as KIP-467's record_errors
+    so that a producer can tell the bad records from the rest of their batch."""
+
+    def __init__(self, message: str, record_errors: Sequence[tuple[int, str]] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = tuple(record_errors)
 
 
 class CorruptRecordError(RecordError):

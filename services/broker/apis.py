@@ -32,6 +32,7 @@ from directlog.records.batch import (
     Record,
     build_batch,
 )
+from directlog.records.errors import RecordError
 from directlog.records.legacy import decode_message_set
 from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
@@ -322,9 +323,7 @@ class KafkaApis:
                             if not appended.duplicate:
                                 self.metrics.produced(topic.name, appended.records, appended.size)
                     except Exception as error:
-                        result.error_code, result.error_message = self._item_error(
-                            error, "produce", f"{topic.name}-{data.index}"
-                        )
+                        self._produce_failed(result, error, f"{topic.name}-{data.index}")
                     partitions.append(result)
                 results.append((topic.name, partitions))
             answers.append(results)
@@ -334,10 +333,7 @@ class KafkaApis:
             new_records = new_bytes = 0
             for pending, outcome in zip(pending_appends, outcomes, strict=True):
                 if isinstance(outcome, Exception):
-                    result = pending.result
-                    result.error_code, result.error_message = self._item_error(
-                        outcome, "produce", pending.item
-                    )
+                    self._produce_failed(pending.result, outcome, pending.item)
                 else:
                     self._produced(pending, partition, outcome)
                     if not outcome.duplicate:
@@ -510,8 +506,15 @@ class KafkaApis:
                 self._replication_failed(result, item, outcome)
 
     def _replication_failed(self, result: PartitionResult, item: str, error: BaseException) -> None:
-        result.error_code, result.error_message = self._item_error(error, "produce", item)
+        self._produce_failed(result, error, item)
         result.base_offset = -1
+
+    def _produce_failed(self, result: PartitionResult, error: BaseException, item: str) -> None:
+        """A partition's produce refused: its error code and message, and the records at
+        fault when a rule refused single records of its batch (KIP-467)."""
+        result.error_code, result.error_message = self._item_error(error, "produce", item)
+        if isinstance(error, RecordError):
+            result.record_errors = error.record_errors
 
     def _item_error(self, error: BaseException, api: str, item: str) -> tuple[ErrorCode, str]:
         """The Kafka error code answering one failed item (a partition, a topic, a config

@@ -97,13 +97,23 @@ def test_produce_requests_decode_as_kafka_encodes_them(version, acks, timeout, t
         ),
         max_size=3,
     ),
+    st.lists(st.tuples(st.integers(0, 1 << 20), st.text(max_size=20)), max_size=3),
 )
-def test_produce_responses_decode_with_kafkas_schema(version, topics):
+def test_produce_responses_decode_with_kafkas_schema(version, topics, record_errors):
+    """KIP-467's record errors travel with an error message (v8+)."""
     results = [
         (
             name,
             [
-                PartitionResult(i, code, base, base + 1, max(base - 5, -1), message)
+                PartitionResult(
+                    i,
+                    code,
+                    base,
+                    base + 1,
+                    max(base - 5, -1),
+                    message,
+                    tuple(record_errors) if message is not None else (),
+                )
                 for i, code, base, message in partitions
             ],
         )
@@ -124,6 +134,10 @@ def test_produce_responses_decode_with_kafkas_schema(version, topics):
                 assert got.log_start_offset == max(base - 5, -1)
             if version >= 8:
                 assert got.error_message == message
+                sent = record_errors if message is not None else []
+                assert [
+                    (e.batch_index, e.batch_index_error_message) for e in got.record_errors
+                ] == sent
 
 
 def test_truncated_produce_requests_are_refused():

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.broker import BrokerProcess
@@ -274,3 +275,46 @@ def test_a_pipelined_produce_that_does_not_decode_closes_and_stores_none_of_its_
     assert closed_by_peer(connection)
     connection.close()
     assert stored(broker) == before
+
+
+@pytest.mark.timeout(60)
+def test_records_a_compacted_topic_refuses_are_named_and_none_of_their_batch_stored(
+    broker: BrokerProcess,
+) -> None:
+    """KIP-467 (Produce v8+): the batch with a keyless record fails INVALID_RECORD as a whole,
+    and record_errors names the keyless records by their index in it."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = NewTopic("compacted", num_partitions=1, config={"cleanup.policy": "compact"})
+    admin.create_topics([topic])["compacted"].result(timeout=30)
+    stamp = 1_700_000_000_000
+    batch = build_batch(
+        [Record(0, stamp, b"k0", b"a"), Record(1, stamp, None, b"b"), Record(2, stamp, None, b"c")]
+    )
+    parts = ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(
+        acks=-1,
+        timeout_ms=1000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="compacted", partition_data=[parts(index=0, records=batch)]
+            )
+        ],
+    )
+    connection = connect(broker)
+    for version, correlation in ((8, 4), (9, 5)):
+        response = ProduceResponse.decode(
+            roundtrip(connection, request, version, correlation)[4 if version < 9 else 5 :],
+            version=version,
+        )
+        partition = response.responses[0].partition_responses[0]
+        assert partition.error_code == 87  # INVALID_RECORD
+        assert [e.batch_index for e in partition.record_errors] == [1, 2]
+        assert all("without key" in e.batch_index_error_message for e in partition.record_errors)
+        assert "have no key" in partition.error_message
+    connection.close()
+    keyed = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    offsets: list[int] = []
+    keyed.produce(
+        "compacted", b"kept", key=b"k0", on_delivery=lambda e, m: offsets.append(m.offset())
+    )
+    assert keyed.flush(30) == 0 and offsets == [0]  # nothing of the refused batches was stored

@@ -251,8 +251,11 @@ def test_records_without_a_key_are_dropped_and_refused_on_produce(open_log):
     data = keyed([(b"a", b"1"), (None, b"2")])
     log.append(data)
     log.config = COMPACT
-    with pytest.raises(InvalidRecordError, match="record 1 has no key"):
+    with pytest.raises(InvalidRecordError, match=r"records \[1\] have no key") as refused:
         log.append(data)
+    assert refused.value.record_errors == (
+        (1, "Compacted topic cannot accept message without key"),
+    )
     log.append(keyed([(b"a", b"1")], compression=Compression.GZIP))  # keyed: accepted
     fill(log, 2, keys=1)
     clean_now(log)

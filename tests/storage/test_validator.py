@@ -180,3 +180,34 @@ def test_records_without_a_timestamp_are_not_checked_against_the_clock() -> None
     result = both_ways(stale, config, True, 0)
     assert isinstance(result, tuple) and result[0] is InvalidTimestampError
     assert f"timestamp {old} is more than" in result[1]
+
+
+def test_records_a_rule_refuses_are_named_by_their_index_in_the_batch() -> None:
+    """KIP-467: the whole batch is refused, naming each record at fault and why."""
+    config = LogConfig.from_properties({"message.timestamp.before.max.ms": "1000"})
+    batch = build_batch(
+        [
+            Record(0, T0, b"k", b"fresh"),
+            Record(1, T0 - 5000, b"k", b"stale"),
+            Record(2, -1, b"k", b"no timestamp"),
+            Record(3, T0 - 9000, b"k", b"staler"),
+        ]
+    )
+    with pytest.raises(InvalidTimestampError, match=r"^record 1: .*\(and 1 more records\)") as late:
+        plan_append(
+            batch, next_offset=0, leader_epoch=7, config=config, now_ms=T0, assign_offsets=True
+        )
+    assert [index for index, _ in late.value.record_errors] == [1, 3]
+    assert (
+        "timestamp 1699999991000 is more than message.timestamp.before.max.ms (1000)"
+        in (late.value.record_errors[1][1])
+    )
+    compact = LogConfig.from_properties({"cleanup.policy": "compact"})
+    keyless = build_batch([Record(0, T0, None, b"a"), Record(1, T0, b"k", b"b")])
+    with pytest.raises(InvalidRecordError) as refused:
+        plan_append(
+            keyless, next_offset=0, leader_epoch=7, config=compact, now_ms=T0, assign_offsets=True
+        )
+    assert refused.value.record_errors == (
+        (0, "Compacted topic cannot accept message without key"),
+    )

@@ -1,5 +1,7 @@
 """Typed errors of the partition log. The Kafka protocol edge maps each to its error code."""
 
+from directlog.records.errors import RecordError
+
 
 class StorageError(Exception):
     """An I/O failure on the log directory. Kafka: KAFKA_STORAGE_ERROR."""
@@ -38,7 +40,7 @@ class RecordBatchTooLargeError(Exception):
     Kafka: RECORD_LIST_TOO_LARGE."""
 
 
-class InvalidTimestampError(Exception):
+class InvalidTimestampError(RecordError):
     """A record timestamp outside the window the topic accepts. Kafka: INVALID_TIMESTAMP."""
 
 

@@ -131,7 +131,7 @@ def plan_append(
                 if largest != NO_TIMESTAMP:  # records without a timestamp are not checked
                     if smallest == NO_TIMESTAMP:
                         smallest = _smallest_timestamp(view, position, end)
-                    _check_timestamps(smallest, largest, now_ms, config)
+                    _check_timestamps(smallest, largest, now_ms, config, view, position, end)
                 new_attributes = attributes & ~TIMESTAMP_TYPE_FLAG
                 max_timestamp = base_timestamp + max_delta
             new_header = None
@@ -190,14 +190,20 @@ def _check_in_python(
 
 def _check_keys(view: memoryview, position: int, end: int) -> None:
     """A compacted topic keeps the latest record per key, so (as Kafka) it refuses records
-    without one: compaction would have to drop them."""
+    without one: compaction would have to drop them. Each is named (KIP-467)."""
     header = read_header(view, position, end)
     data = records_area(view, position, header, MAX_DECOMPRESSED)
-    for index, record in enumerate(raw_records(data, header.records_count)):
-        if record.key is None:
-            raise InvalidRecordError(
-                f"record {index} has no key; a compacted topic accepts keyed records only"
-            )
+    keyless = [
+        (index, "Compacted topic cannot accept message without key")
+        for index, record in enumerate(raw_records(data, header.records_count))
+        if record.key is None
+    ]
+    if keyless:
+        raise InvalidRecordError(
+            f"records {[index for index, _ in keyless]} have no key; a compacted topic "
+            "accepts keyed records only",
+            keyless,
+        )
 
 
 def _check_size(size: int, config: LogConfig) -> None:
@@ -229,14 +235,41 @@ def _smallest_timestamp(view: Buffer, position: int, end: int) -> int:
     return min(t for t in stamped if t != NO_TIMESTAMP)
 
 
-def _check_timestamps(smallest: int, largest: int, now_ms: int, config: LogConfig) -> None:
-    if now_ms - smallest > config.message_timestamp_before_max_ms:
-        raise InvalidTimestampError(
-            f"timestamp {smallest} is more than message.timestamp.before.max.ms "
-            f"({config.message_timestamp_before_max_ms}) before the broker's time {now_ms}"
-        )
-    if largest - now_ms > config.message_timestamp_after_max_ms:
-        raise InvalidTimestampError(
-            f"timestamp {largest} is more than message.timestamp.after.max.ms "
-            f"({config.message_timestamp_after_max_ms}) after the broker's time {now_ms}"
-        )
+def _check_timestamps(
+    smallest: int,
+    largest: int,
+    now_ms: int,
+    config: LogConfig,
+    view: Buffer,
+    position: int,
+    end: int,
+) -> None:
+    """The batch's stamped records within the topic's window; when not, each record
+    outside it is named (KIP-467), found by a scan only then."""
+    before = config.message_timestamp_before_max_ms
+    after = config.message_timestamp_after_max_ms
+    if now_ms - smallest <= before and largest - now_ms <= after:
+        return
+    header = read_header(view, position, end)
+    data = records_area(view, position, header, MAX_DECOMPRESSED)
+    faults = []
+    for index, record in enumerate(raw_records(data, header.records_count)):
+        stamp = header.base_timestamp + record.timestamp_delta
+        if stamp != NO_TIMESTAMP and now_ms - stamp > before:
+            faults.append(
+                (
+                    index,
+                    f"timestamp {stamp} is more than message.timestamp.before.max.ms "
+                    f"({before}) before the broker's time {now_ms}",
+                )
+            )
+        elif stamp != NO_TIMESTAMP and stamp - now_ms > after:
+            faults.append(
+                (
+                    index,
+                    f"timestamp {stamp} is more than message.timestamp.after.max.ms "
+                    f"({after}) after the broker's time {now_ms}",
+                )
+            )
+    more = f" (and {len(faults) - 1} more records)" if len(faults) > 1 else ""
+    raise InvalidTimestampError(f"record {faults[0][0]}: {faults[0][1]}{more}", faults)
