@@ -34,6 +34,7 @@ class ProduceRequest:
     acks: int
     timeout_ms: int
     topic_data: list[TopicData]
+    size: int = 0  # bytes of the body, for quotas (Kafka charges a produce's whole size)
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ def decode_produce_request(body: memoryview, version: int) -> ProduceRequest:
             skip_tagged_fields(body, position)
     except (struct.error, IndexError) as exc:
         raise CorruptRecordError(f"produce request v{version} is truncated") from exc
-    return ProduceRequest(transactional_id, acks, timeout_ms, topics)
+    return ProduceRequest(transactional_id, acks, timeout_ms, topics, end)
 
 
 _ACKS_TIMEOUT = struct.Struct(">hi")

@@ -373,10 +373,8 @@ class KafkaApis:
         quotas = self.client_quotas
         assert quotas is not None
         user, client_id = _quota_client(header)
-        size = sum(
-            len(p.records) for t in request.topic_data for p in t.partition_data if p.records
-        )
-        by_bytes = quotas.record(QuotaKind.PRODUCE, user, client_id, size)
+        # The whole request, as Kafka charges it: header, names and framing with the records.
+        by_bytes = quotas.record(QuotaKind.PRODUCE, user, client_id, header.size + request.size)
         by_time = quotas.record(QuotaKind.REQUEST, user, client_id, seconds)
         if by_bytes:
             self.metrics.quota_throttled("produce", by_bytes)

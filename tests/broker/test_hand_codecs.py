@@ -68,8 +68,9 @@ def test_produce_requests_decode_as_kafka_encodes_them(version, acks, timeout, t
             for name, partitions in topics
         ],
     )
-    decoded = decode_produce_request(memoryview(bytes(request.encode(version=version))), version)
-    assert (decoded.acks, decoded.timeout_ms) == (acks, timeout)
+    body = bytes(request.encode(version=version))
+    decoded = decode_produce_request(memoryview(body), version)
+    assert (decoded.acks, decoded.timeout_ms, decoded.size) == (acks, timeout, len(body))
     assert decoded.transactional_id == (txn if version >= 3 else None)
     assert [
         (
