@@ -110,11 +110,16 @@ def secured_rdma(
         cluster.stop()
 
 
-async def sasl_connection(address: str, login: dict[str, str]) -> KafkaConnection:
-    """A Kafka connection logged in with SASL PLAIN: the session grants are held on."""
+async def sasl_connection(
+    address: str, login: dict[str, str], *, renew: bool = True
+) -> KafkaConnection:
+    """A Kafka connection logged in with SASL PLAIN: the session grants are held on.
+    ``renew``: it logs in again before its session ends (KIP-368)."""
     host, port = address.rsplit(":", 1)
     user, password = user_of(login)
-    security = ClientSecurity(sasl=SaslLogin("PLAIN", user, password), client_id="rdma-sec")
+    security = ClientSecurity(
+        sasl=SaslLogin("PLAIN", user, password), client_id="rdma-sec", reauthenticate=renew
+    )
     return await KafkaConnection.connect(host, int(port), 10.0, security)
 
 
@@ -471,8 +476,8 @@ def test_successive_rkeys_are_not_sequential(
 def test_a_grant_ends_when_its_session_expires(
     tmp_path: Path, clients: Clients, topic_name: Callable[[str], str]
 ) -> None:
-    """connections_max_reauth_ms: a session not renewed ends, and its grants with it, while
-    the connection is still open."""
+    """connections_max_reauth_ms: a session not renewed (a client from before KIP-368) ends,
+    and its grants with it, while the connection is still open."""
     settings = {**SETTINGS, "rdma_provider": "shm", "connections_max_reauth_ms": 3000}
     with Cluster(tmp_path, brokers=1, broker_settings=settings) as cluster:
         secured = Secured(cluster.brokers[0])
@@ -482,7 +487,7 @@ def test_a_grant_ends_when_its_session_expires(
         first, after = batches_of(0, 2)
 
         async def scenario() -> None:
-            connection = await sasl_connection(secured.sasl, login)
+            connection = await sasl_connection(secured.sasl, login, renew=False)
             try:
                 with open_context("shm") as ctx:
                     writer = Writer.open(ctx)

@@ -7,6 +7,7 @@ connection that has not authenticated allowed only ApiVersions and SASL, in smal
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from directlog.protocol.client import ClientSecurity, KafkaConnection, SaslLogin
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.test_admin_cli import DIRECTLOG
 from tests.e2e.test_tls_listeners import Pki
@@ -34,7 +36,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.admin import KafkaAdminClient
-    from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+    from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
     from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 pytestmark = pytest.mark.timeout(240)
@@ -272,6 +274,45 @@ def test_wrong_passwords_and_unknown_users_are_refused(tmp_path: Path, pki: Pki)
         )
         failed = broker.sample("directlog_broker_connections_closed_for_authentication_total")
         assert failed is not None and failed >= 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("renews", [True, False], ids=["kip-368", "before-kip-368"])
+def test_directlogs_own_connections_renew_their_login(
+    tmp_path: Path, pki: Pki, renews: bool
+) -> None:
+    """Directlog's own Kafka connections (replication, the exporter, RDMA grant sessions)
+    log in again before their session ends (KIP-368), so one left idle through several
+    lifetimes is still logged in; a client that does not renew is cut off at its next
+    request after the lifetime."""
+    settings = sasl_settings(pki, connections_max_reauth_ms=2000)
+    with Cluster(tmp_path, brokers=1, broker_settings=settings) as cluster:
+        broker = cluster.brokers[0]
+        add_users(broker.bootstrap, {"dave": "dave-secret"})
+        host, port = broker.listeners["SASL_PLAINTEXT"].rsplit(":", 1)
+        login = SaslLogin("PLAIN", "dave", "dave-secret")
+        security = ClientSecurity(sasl=login, client_id="renewing", reauthenticate=renews)
+
+        async def idle_then_ask() -> int:
+            connection = await KafkaConnection.connect(host, int(port), 10.0, security)
+            try:
+                await asyncio.sleep(5)  # two and a half lifetimes, nothing sent
+                request = ApiVersionsRequest[3](
+                    client_software_name="directlog", client_software_version="1"
+                )
+                answer = await connection.request(request, ApiVersionsResponse, "renewing")
+                return int(answer.error_code)
+            finally:
+                await connection.close()
+
+        closed = "directlog_broker_connections_closed_for_authentication_total"
+        if renews:
+            assert asyncio.run(idle_then_ask()) == 0
+            assert broker.sample(closed) == 0
+        else:
+            with pytest.raises(ConnectionError):
+                asyncio.run(idle_then_ask())
+            assert broker.sample(closed) == 1
 
 
 def test_a_removed_user_is_cut_off_at_reauthentication(tmp_path: Path, pki: Pki) -> None:
