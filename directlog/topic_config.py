@@ -12,11 +12,13 @@ import dataclasses
 import functools
 import math
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from directlog.records.batch import HEADER_SIZE, TimestampType
+from directlog.records.batch import TimestampType
+from directlog.records.compression import Compression
 
 
 class InvalidConfigError(ValueError):
@@ -24,10 +26,25 @@ class InvalidConfigError(ValueError):
 
 
 LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+# Kafka's lowest segment.bytes: a magic 0 message's overhead (no batch fits a segment that
+# small, so every produce to it is refused, as in Kafka).
+LEGACY_RECORD_OVERHEAD = 14
 DAY_MS = 24 * 60 * 60 * 1000
 FOLLOW_RETENTION = -2  # local.retention.*: the value of retention.*
 
 CLEANUP_POLICIES = ("compact", "delete")
+
+# compression.type: "producer" keeps each batch as its producer compressed it; any other
+# makes the leader recompress batches in another codec (Kafka's BrokerCompressionType).
+PRODUCER_COMPRESSION = "producer"
+COMPRESSION_TYPES = {
+    "uncompressed": Compression.NONE,
+    "zstd": Compression.ZSTD,
+    "lz4": Compression.LZ4,
+    "snappy": Compression.SNAPPY,
+    "gzip": Compression.GZIP,
+}
 
 _TIMESTAMP_TYPES = {
     "CreateTime": TimestampType.CREATE_TIME,
@@ -39,6 +56,7 @@ _TIMESTAMP_TYPES = {
 class LogConfig:
     segment_bytes: int = 1 << 30
     segment_ms: int = 7 * DAY_MS
+    segment_jitter_ms: int = 0  # see roll_jitter_ms
     segment_index_bytes: int = 10 << 20
     index_interval_bytes: int = 4096
     flush_messages: int = LONG_MAX
@@ -47,9 +65,19 @@ class LogConfig:
     retention_bytes: int = -1
     max_message_bytes: int = 1048588
     preallocate: bool = False
+    compression_type: str = PRODUCER_COMPRESSION
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = LONG_MAX
+    # Deprecated in Kafka 3.6: the bound both ways, where before/after are left at their
+    # defaults (see timestamp_before_max_ms).
+    message_timestamp_difference_max_ms: int = LONG_MAX
+    # Deprecated; Kafka 3.x ignores it (its inter-broker protocol is 3.0 or later), so does
+    # Directlog, which stores the v2 format only. Validated and reported as Kafka does.
+    message_format_version: str = "3.0-IV1"
+    # Kafka keeps deleted segments this long renamed *.deleted; Directlog unlinks them at
+    # once (readers hold open files), so it is accepted and reported only.
+    file_delete_delay_ms: int = 60000
     min_insync_replicas: int = 1  # acks=-1 needs this many in-sync replicas
     unclean_leader_election_enable: bool = False  # a replica outside the ISR may lead
     cleanup_policy: str = "delete"  # "delete", "compact", or both comma-separated
@@ -82,6 +110,36 @@ class LogConfig:
     def delete_by_retention(self) -> bool:
         """Whether retention.ms and retention.bytes delete old segments."""
         return "delete" in self.cleanup_policy.split(",")
+
+    def roll_jitter_ms(self, partition: object, base_offset: int) -> int:
+        """How much sooner than segment.ms the segment at ``base_offset`` of ``partition``
+        (its directory) rolls: Kafka draws it at random below min(segment.jitter.ms,
+        segment.ms) per segment, so partitions created together do not all roll at once;
+        here it is a hash of the two, spread the same way and stable across restarts."""
+        if self.segment_jitter_ms == 0:
+            return 0
+        key = f"{partition}:{base_offset}".encode()
+        return zlib.crc32(key) % min(self.segment_jitter_ms, self.segment_ms)
+
+    @property
+    def target_compression(self) -> Compression | None:
+        """The codec the leader stores produced batches in; None keeps the producer's."""
+        return COMPRESSION_TYPES.get(self.compression_type)
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """How far before the broker's clock a CreateTime timestamp may lie: Kafka 3.7 takes
+        message.timestamp.difference.max.ms while before.max.ms keeps its default."""
+        if self.message_timestamp_before_max_ms != LONG_MAX:
+            return self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        """How far after the broker's clock a CreateTime timestamp may lie (as above)."""
+        if self.message_timestamp_after_max_ms != LONG_MAX:
+            return self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms
 
     @property
     def effective_local_retention_ms(self) -> int:
@@ -140,7 +198,7 @@ class LogConfig:
             (self.local_retention_ms, self.retention_ms, "ms"),
             (self.local_retention_bytes, self.retention_bytes, "bytes"),
         ):
-            if total == -1 or local == FOLLOW_RETENTION:
+            if total < 0 or local == FOLLOW_RETENTION:  # a negative total: no limit
                 continue
             if local == -1:
                 raise InvalidConfigError(
@@ -229,6 +287,66 @@ def _parse_bool(raw: str) -> bool:
     return lowered == "true"
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _integer(raw: str, maximum: int, kind: str) -> int:
+    """Java's Integer/Long.parseLong of a trimmed value, as Kafka's ConfigDef parses INT
+    and LONG configs."""
+    text = raw.strip()
+    if _INTEGER.fullmatch(text) is None:
+        raise ValueError(raw)
+    value = int(text)
+    if not -maximum - 1 <= value <= maximum:
+        raise InvalidConfigError(f"Not a number of type {kind}")
+    return value
+
+
+def _int(raw: str) -> int:
+    return _integer(raw, INT_MAX, "INT")
+
+
+def _long(raw: str) -> int:
+    return _integer(raw, LONG_MAX, "LONG")
+
+
+def _parse_compression_type(raw: str) -> str:
+    value = raw.strip()
+    if value != PRODUCER_COMPRESSION and value not in COMPRESSION_TYPES:
+        raise InvalidConfigError(
+            "String must be one of: " + ", ".join((*COMPRESSION_TYPES, PRODUCER_COMPRESSION))
+        )
+    return value
+
+
+def _metadata_versions() -> frozenset[str]:
+    """The names Kafka 3.7's MetadataVersion.fromVersionString knows: each version with its
+    IV suffix, and each release alone (its latest production version)."""
+    ivs = {"0.8.0": 0, "0.8.1": 0, "0.8.2": 0, "0.9.0": 0, "0.10.0": 2, "0.10.1": 3}
+    ivs |= {"0.10.2": 1, "0.11.0": 3, "1.0": 1, "1.1": 1, "2.0": 2, "2.1": 3, "2.2": 2}
+    ivs |= {"2.3": 2, "2.4": 2, "2.5": 1, "2.6": 1, "2.7": 3, "2.8": 2, "3.0": 2, "3.1": 1}
+    ivs |= {"3.2": 1, "3.3": 4, "3.4": 1, "3.5": 3, "3.6": 3, "3.7": 5}
+    names = set(ivs)
+    for release, count in ivs.items():
+        names.update(f"{release}-IV{n}" for n in range(count))
+    names.add("3.8-IV0")  # not production in 3.7, so named with its IV only
+    return frozenset(names)
+
+
+_METADATA_VERSIONS = _metadata_versions()
+
+
+def _parse_message_format_version(raw: str) -> str:
+    """Kafka's MetadataVersionValidator: "3.7.1" reads as "3.7", "0.10.2.1" as "0.10.2"."""
+    value = raw.strip()
+    parts = value.split(".")
+    kept = 3 if value.startswith("0.") else 2
+    key = value if kept >= len(parts) else ".".join(parts[:kept])
+    if key not in _METADATA_VERSIONS:
+        raise InvalidConfigError(f"Version {value} is not a valid version")
+    return value
+
+
 def _parse_timestamp_type(raw: str) -> TimestampType:
     return _TIMESTAMP_TYPES[raw.strip()]
 
@@ -251,29 +369,44 @@ def _parse_ratio(raw: str) -> float:
 
 # Kafka name -> (field, parser, lower bound or None, upper bound or None).
 _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
-    "segment.bytes": ("segment_bytes", int, HEADER_SIZE, None),
-    "segment.ms": ("segment_ms", int, 1, None),
-    "segment.index.bytes": ("segment_index_bytes", int, 8, None),
-    "index.interval.bytes": ("index_interval_bytes", int, 0, None),
-    "flush.messages": ("flush_messages", int, 1, None),
-    "flush.ms": ("flush_ms", int, 0, None),
-    "retention.ms": ("retention_ms", int, -1, None),
-    "retention.bytes": ("retention_bytes", int, -1, None),
-    "max.message.bytes": ("max_message_bytes", int, 0, None),
+    "segment.bytes": ("segment_bytes", _int, LEGACY_RECORD_OVERHEAD, None),
+    "segment.ms": ("segment_ms", _long, 1, None),
+    "segment.jitter.ms": ("segment_jitter_ms", _long, 0, None),
+    "segment.index.bytes": ("segment_index_bytes", _int, 4, None),
+    "index.interval.bytes": ("index_interval_bytes", _int, 0, None),
+    "flush.messages": ("flush_messages", _long, 1, None),
+    "flush.ms": ("flush_ms", _long, 0, None),
+    "retention.ms": ("retention_ms", _long, -1, None),
+    "retention.bytes": ("retention_bytes", _long, None, None),
+    "max.message.bytes": ("max_message_bytes", _int, 0, None),
+    "file.delete.delay.ms": ("file_delete_delay_ms", _long, 0, None),
     "preallocate": ("preallocate", _parse_bool, None, None),
+    "compression.type": ("compression_type", _parse_compression_type, None, None),
+    "message.format.version": (
+        "message_format_version",
+        _parse_message_format_version,
+        None,
+        None,
+    ),
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type, None, None),
-    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", int, 0, None),
-    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", int, 0, None),
-    "min.insync.replicas": ("min_insync_replicas", int, 1, None),
+    "message.timestamp.difference.max.ms": (
+        "message_timestamp_difference_max_ms",
+        _long,
+        0,
+        None,
+    ),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _long, 0, None),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _long, 0, None),
+    "min.insync.replicas": ("min_insync_replicas", _int, 1, None),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool, None, None),
     "cleanup.policy": ("cleanup_policy", _parse_cleanup_policy, None, None),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _parse_ratio, 0, 1),
-    "delete.retention.ms": ("delete_retention_ms", int, 0, None),
-    "min.compaction.lag.ms": ("min_compaction_lag_ms", int, 0, None),
-    "max.compaction.lag.ms": ("max_compaction_lag_ms", int, 1, None),
+    "delete.retention.ms": ("delete_retention_ms", _long, 0, None),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", _long, 0, None),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", _long, 1, None),
     "remote.storage.enable": ("remote_storage_enable", _parse_bool, None, None),
-    "local.retention.ms": ("local_retention_ms", int, FOLLOW_RETENTION, None),
-    "local.retention.bytes": ("local_retention_bytes", int, FOLLOW_RETENTION, None),
+    "local.retention.ms": ("local_retention_ms", _long, FOLLOW_RETENTION, None),
+    "local.retention.bytes": ("local_retention_bytes", _long, FOLLOW_RETENTION, None),
     "remote.log.copy.disable": ("remote_log_copy_disable", _parse_bool, None, None),
     "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _parse_bool, None, None),
     "message.downconversion.enable": ("message_downconversion_enable", _parse_bool, None, None),
@@ -291,12 +424,43 @@ _PROPERTIES: dict[str, tuple[str, Any, float | None, float | None]] = {
     ),
 }
 CONFIG_NAMES = frozenset(_PROPERTIES)  # every topic config, Kafka names
+# Kafka's ConfigType ids, as DescribeConfigs v3+ reports a config's type.
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+_TYPES = {
+    _int: INT,
+    _long: LONG,
+    _parse_bool: BOOLEAN,
+    _parse_ratio: DOUBLE,
+    _parse_cleanup_policy: LIST,
+    _check_throttled_replicas: LIST,
+}
+
+
+def config_type(name: str) -> int:
+    """Topic config ``name``'s type as Kafka defines it (STRING for the enumerations)."""
+    return _TYPES.get(_PROPERTIES[name][1], STRING)
+
+
 # Topic configs a broker has no log.* default of (Kafka has no broker synonym for them): the
 # throttled replicas name partitions of one topic.
 TOPIC_ONLY_CONFIGS = frozenset(
     {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
 )
-BROKER_DEFAULT_NAMES = CONFIG_NAMES - TOPIC_ONLY_CONFIGS  # what log.<name> can set
+BROKER_DEFAULT_NAMES = CONFIG_NAMES - TOPIC_ONLY_CONFIGS  # the ones with a cluster default
+# Topic configs whose cluster-wide default a Kafka broker names as the topic config itself
+# (ServerTopicConfigSynonyms' sameName ones); every other one's is log.<name> here.
+_SAME_NAME_DEFAULTS = frozenset(
+    {"compression.type", "min.insync.replicas", "unclean.leader.election.enable"}
+)
+
+
+def default_name(name: str) -> str:
+    """The broker config holding topic config ``name``'s cluster-wide default."""
+    return name if name in _SAME_NAME_DEFAULTS else "log." + name
+
+
+# Broker config name -> the topic config whose cluster-wide default it holds.
+DEFAULT_NAMES = {default_name(name): name for name in BROKER_DEFAULT_NAMES}
 # Kafka's LIST-typed topic configs: the ones IncrementalAlterConfigs' APPEND and SUBTRACT
 # apply to (Kafka's broker configs of them, log.cleanup.policy here, too).
 LIST_CONFIGS = frozenset(

@@ -426,6 +426,38 @@ def rewrite_header(
     return bytes(fields)
 
 
+def recompress_batch(
+    buf: Buffer, pos: int, header: BatchHeader, codec: Compression, max_decompressed: int
+) -> bytes:
+    """The batch at buf[pos] with its records area in ``codec``: every header field kept but
+    the codec bits, the length and the CRC (Kafka's broker-side compression.type). The
+    records are inflated (bounded by max_decompressed) and deflated again, never decoded;
+    the caller checks the CRC first, or a corrupt batch would come out with a valid one."""
+    body = bytes(records_area(buf, pos, header, max_decompressed))
+    if codec is not Compression.NONE:
+        body = compress(codec, body, magic=MAGIC)
+    fields = bytearray(
+        _HEADER.pack(
+            header.base_offset,
+            HEADER_SIZE - LOG_OVERHEAD + len(body),
+            header.partition_leader_epoch,
+            MAGIC,
+            0,
+            (header.attributes & ~COMPRESSION_MASK) | int(codec),
+            header.last_offset_delta,
+            header.base_timestamp,
+            header.max_timestamp,
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.records_count,
+        )
+    )
+    crc = crc32c(body, crc32c(memoryview(fields)[ATTRIBUTES_AT:]))
+    struct.pack_into(">I", fields, CRC_AT, crc)
+    return bytes(fields) + body
+
+
 class RawRecord(NamedTuple):
     """One record of a batch's (inflated) records area, by position, not decoded further."""
 

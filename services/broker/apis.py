@@ -12,12 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, NamedTuple
 
-from directlog.broker_config import BROKER_CONFIG_NAMES, LONG_MAX
+from directlog.broker_config import (
+    BROKER_CONFIG_NAMES,
+    CLUSTER_DEFAULT,
+    LONG_MAX,
+    STATIC_CONFIGS,
+    InvalidBrokerConfigError,
+    static_refusal,
+    validate_broker_configs,
+)
 from directlog.protocol.api import APIS, Api, ApiKey, RequestHeader
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.protocol.produce import PartitionData as ProducePartitionData
@@ -38,7 +47,16 @@ from directlog.records.varint import Buffer
 from directlog.rpc import controller_pb2 as pb
 from directlog.security.acl import Operation
 from directlog.security.client_quotas import ANONYMOUS as ANONYMOUS_USER
-from directlog.topic_config import BROKER_DEFAULT_NAMES, LIST_CONFIGS, altered_list, flag
+from directlog.topic_config import (
+    BROKER_DEFAULT_NAMES,
+    DEFAULT_NAMES,
+    LIST_CONFIGS,
+    altered_list,
+    config_type,
+    default_name,
+    flag,
+)
+from directlog.topic_config import LONG as LONG_TYPE  # a ConfigType id, not a bound
 from directlog.topics import NO_LEADER, TopicPartition
 from directlog.waits import wait_event
 from services.broker.acl_admin import AclAdmin
@@ -92,18 +110,24 @@ log = logging.getLogger(__name__)
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+# The config resource types Kafka 3.7 knows (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS);
+# any other, GROUP (32) among them, is its UNKNOWN.
+KAFKA_RESOURCE_TYPES = frozenset({2, 4, 8, 16})
+INVALID_REQUEST_MESSAGE = (  # Kafka's Errors.INVALID_REQUEST.message()
+    "This most likely occurs because of a request being malformed by the client library or "
+    "the message was sent to an incompatible broker. See the broker logs for more details."
+)
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' operations
 CONFIG_SOURCE_TOPIC = 1  # Kafka's ConfigSource: a topic's override
 CONFIG_SOURCE_DYNAMIC_BROKER = 2  # one broker's own (AlterConfigs of broker "<id>")
 CONFIG_SOURCE_DYNAMIC_DEFAULT = 3  # the cluster-wide default (AlterConfigs of broker "")
 CONFIG_SOURCE_STATIC = 4  # the broker's settings (log_defaults)
 CONFIG_SOURCE_DEFAULT = 5  # built in
-LOG_PREFIX = "log."  # a broker names the default of topic config X log.X
 IMAGE_WAIT_SECONDS = 5.0  # how long an admin answer waits for the image to show its effect
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key types
 Response = Any  # a kafka-python response object, fetch parts, or None (acks=0)
-_LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES)
-_LIST_LOG_NAMES = frozenset(LOG_PREFIX + name for name in BROKER_DEFAULT_NAMES & LIST_CONFIGS)
+_LOG_NAMES = frozenset(DEFAULT_NAMES)  # the topic configs' cluster-wide defaults
+_LIST_LOG_NAMES = frozenset(default_name(name) for name in BROKER_DEFAULT_NAMES & LIST_CONFIGS)
 
 
 # The listener the request being handled came in through (set by the server for each
@@ -1640,8 +1664,25 @@ class KafkaApis:
     # Configs ---------------------------------------------------------------------------
 
     async def describe_configs(self, request: Any, header: RequestHeader) -> Response:
+        """Topic and broker resources. A resource type Kafka 3.7 does not know (GROUP, 32,
+        is Kafka 3.9's) fails the whole request, as Kafka's ConfigHelper throws before any is
+        described: every resource INVALID_REQUEST with the error's default message."""
         response = APIS[ApiKey.DESCRIBE_CONFIGS].response
         entry = response.DescribeConfigsResult.DescribeConfigsResourceResult
+        if any(r.resource_type not in KAFKA_RESOURCE_TYPES for r in request.resources):
+            return response(
+                throttle_time_ms=0,
+                results=[
+                    response.DescribeConfigsResult(
+                        error_code=ErrorCode.INVALID_REQUEST,
+                        error_message=INVALID_REQUEST_MESSAGE,
+                        resource_type=r.resource_type,
+                        resource_name=r.resource_name,
+                        configs=[],
+                    )
+                    for r in request.resources
+                ],
+            )
         results = []
         for resource in request.resources:
             code, message, configs = ErrorCode.NONE, None, []
@@ -1659,13 +1700,13 @@ class KafkaApis:
                             name=name,
                             value=value,
                             read_only=resource.resource_type == BROKER_RESOURCE
-                            and not name.startswith(LOG_PREFIX)
+                            and name not in _LOG_NAMES
                             and name not in BROKER_CONFIG_NAMES,
                             config_source=source,
                             is_default=source == CONFIG_SOURCE_DEFAULT,
                             is_sensitive=False,
                             synonyms=[],
-                            config_type=0,
+                            config_type=_config_type(resource.resource_type, name),
                             documentation=None,
                         )
                     )
@@ -1706,30 +1747,30 @@ class KafkaApis:
                 for k, v in self.image.config_for(name).to_properties().items()
             }
         if resource_type == BROKER_RESOURCE:
-            if name not in ("", str(self.settings.node_id)):
+            if name and _broker_id(name) != self.settings.node_id:
                 raise KafkaError(
-                    ErrorCode.INVALID_REQUEST, f"this broker is {self.settings.node_id}, not {name}"
+                    ErrorCode.INVALID_REQUEST,
+                    f"Unexpected broker id, expected {self.settings.node_id} or empty string, "
+                    f"but received {name}",
                 )
             values = {
-                LOG_PREFIX + k: (v, self._default_source(k))
+                default_name(k): (v, self._default_source(k))
                 for k, v in self.image.log_defaults.to_properties().items()
                 if k in BROKER_DEFAULT_NAMES
             }
-            own = self.image.configs_of_broker(self.settings.node_id)
-            for key in BROKER_CONFIG_NAMES if name else ():  # unset: Kafka's default
-                values[key] = (
-                    (own[key], CONFIG_SOURCE_DYNAMIC_BROKER)
-                    if key in own
-                    else (str(LONG_MAX), CONFIG_SOURCE_DEFAULT)
-                )
-            for key, value in (
-                ("auto.create.topics.enable", str(self.settings.auto_create_topics).lower()),
-                ("broker.id", str(self.settings.node_id)),
-                ("broker.rack", self.settings.rack or ""),
-                ("replica.lag.time.max.ms", str(self.settings.replica_lag_time_max_ms)),
-                ("socket.request.max.bytes", str(self.settings.socket_request_max_bytes)),
-            ):
-                values[key] = (value, CONFIG_SOURCE_DEFAULT)
+            own = self.image.configs_of_broker(self.settings.node_id) if name else {}
+            cluster_wide = self.image.configs_of_broker(CLUSTER_DEFAULT)
+            for key in BROKER_CONFIG_NAMES:  # unset: Kafka's default
+                if key in own:
+                    values[key] = (own[key], CONFIG_SOURCE_DYNAMIC_BROKER)
+                elif key in cluster_wide:
+                    values[key] = (cluster_wide[key], CONFIG_SOURCE_DYNAMIC_DEFAULT)
+                else:
+                    values[key] = (str(LONG_MAX), CONFIG_SOURCE_DEFAULT)
+            given = self.settings.model_fields_set
+            for key, field in STATIC_CONFIGS.items():
+                source = CONFIG_SOURCE_STATIC if field in given else CONFIG_SOURCE_DEFAULT
+                values[key] = (_setting_value(getattr(self.settings, field)), source)
             return values
         raise KafkaError(
             ErrorCode.INVALID_REQUEST, f"resource type {resource_type} is not supported"
@@ -1813,6 +1854,11 @@ class KafkaApis:
         for resource in request.resources:
             item = (resource.resource_type, resource.resource_name)
             try:
+                if resource.resource_type not in KAFKA_RESOURCE_TYPES:
+                    raise KafkaError(
+                        ErrorCode.INVALID_REQUEST,
+                        f"Unknown resource type {resource.resource_type}",
+                    )
                 if resource.resource_type not in (TOPIC_RESOURCE, BROKER_RESOURCE):
                     raise KafkaError(
                         ErrorCode.INVALID_REQUEST,
@@ -1866,17 +1912,20 @@ class KafkaApis:
     async def _alter_broker_configs(
         self, broker: str, alteration: pb.ConfigAlteration, validate_only: bool
     ) -> None:
-        """One broker's dynamic configs (Kafka's per-broker dynamic configs, broker
-        resource "<id>"): the replication throttle rates, any broker's, stored by the
-        controller; answered once this broker's image shows them. The log.* defaults are
-        cluster-wide only (INVALID_REQUEST), other names are no per-broker config here
-        (INVALID_CONFIG, from the controller). Raises KafkaError."""
-        if not (broker.isascii() and broker.isdigit()) or int(broker) >= 1 << 31:
+        """This broker's dynamic configs (Kafka's per-broker dynamic configs, broker
+        resource "<id>"): the replication throttle rates, stored by the controller; answered
+        once this broker's image shows them. As Kafka 3.7, only the broker named takes them
+        (INVALID_REQUEST on another). The log.* defaults are cluster-wide only
+        (INVALID_REQUEST), other names are no per-broker config here (INVALID_CONFIG, from
+        the controller). Raises KafkaError."""
+        if _broker_id(broker, "Node id") != self.settings.node_id:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
-                f"broker resource {broker!r}: expected a broker id, or empty for the "
-                "cluster-wide defaults",
+                f"Unexpected broker id, expected {self.settings.node_id}, but received {broker}",
             )
+        refusal = static_refusal(_named(alteration))
+        if refusal is not None:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, refusal)
         log_names = sorted(n for n in _named(alteration) if n in _LOG_NAMES)
         if log_names:
             raise KafkaError(
@@ -1885,7 +1934,13 @@ class KafkaApis:
                 f"supported but {', '.join(sorted(BROKER_CONFIG_NAMES))}; alter the "
                 'cluster-wide defaults (broker resource "") instead',
             )
-        broker_id = int(broker)
+        await self._store_broker_configs(int(broker), alteration, validate_only)
+
+    async def _store_broker_configs(
+        self, broker_id: int, alteration: pb.ConfigAlteration, validate_only: bool
+    ) -> None:
+        """The throttle rates of broker ``broker_id`` (CLUSTER_DEFAULT: the cluster-wide
+        ones) altered by the controller; back once this broker's image shows them."""
         request = pb.AlterBrokerConfigsRequest(
             broker_id=broker_id,
             set=dict(alteration.set),
@@ -1909,41 +1964,61 @@ class KafkaApis:
     async def _alter_log_defaults(
         self, broker: str, alteration: pb.ConfigAlteration, validate_only: bool
     ) -> None:
-        """The cluster-wide defaults of topic configs, Kafka's dynamic default broker
-        configs (``--entity-default``): ``log.<topic config>`` only, as DescribeConfigs of a
-        broker shows them. Raises KafkaError, the controller's refusals included."""
+        """Kafka's dynamic default broker configs (``--entity-default``): the cluster-wide
+        defaults of topic configs, ``log.<topic config>`` as DescribeConfigs of a broker
+        shows them, and the replication throttle rates of every broker without its own.
+        The rates are checked before either is stored. Raises KafkaError, the controller's
+        refusals included."""
         assert not broker, "per-broker configs go to _alter_broker_configs"
+        refusal = static_refusal(_named(alteration))
+        if refusal is not None:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, refusal)
         fixed = sorted(
             name
             for name in _named(alteration)
-            if not name.startswith(LOG_PREFIX)
-            or name.removeprefix(LOG_PREFIX) not in BROKER_DEFAULT_NAMES
+            if name not in BROKER_CONFIG_NAMES and name not in _LOG_NAMES
         )
         if fixed:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
                 f"Cannot update these configs dynamically: {', '.join(fixed)} "
-                "(only the log.* defaults of topic configs can be)",
+                "(only the log.* defaults of topic configs and the replication throttle "
+                "rates can be)",
             )
+        rates = pb.ConfigAlteration(
+            set={k: v for k, v in alteration.set.items() if k in BROKER_CONFIG_NAMES},
+            delete=[k for k in alteration.delete if k in BROKER_CONFIG_NAMES],
+            replace=alteration.replace,
+        )
+        try:
+            validate_broker_configs(rates.set)
+        except InvalidBrokerConfigError as error:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, str(error)) from None
+        logs = {k: v for k, v in alteration.set.items() if k not in BROKER_CONFIG_NAMES}
         request = pb.AlterLogDefaultsRequest(
-            set={k.removeprefix(LOG_PREFIX): v for k, v in alteration.set.items()},
-            delete=[k.removeprefix(LOG_PREFIX) for k in alteration.delete],
+            set={DEFAULT_NAMES[k]: v for k, v in logs.items()},
+            delete=[DEFAULT_NAMES[k] for k in alteration.delete if k not in rates.delete],
             replace=alteration.replace,
             validate_only=validate_only,
-            append={k.removeprefix(LOG_PREFIX): v for k, v in alteration.append.items()},
-            subtract={k.removeprefix(LOG_PREFIX): v for k, v in alteration.subtract.items()},
+            append={DEFAULT_NAMES[k]: v for k, v in alteration.append.items()},
+            subtract={DEFAULT_NAMES[k]: v for k, v in alteration.subtract.items()},
         )
         self._check_remote_storage(request.set)
-        reply = await self._controller_topics(
-            lambda s: s.AlterLogDefaults,
-            request,
-            lambda reply: (
-                reply.error_code or validate_only or _holds(self.image.dynamic_defaults, request)
-            ),
-        )
-        if reply.error_code:
-            code = ErrorCode(reply.error_code)
-            raise KafkaError(code, reply.error_message or code.name)
+        if request.replace or len(_named(rates)) < len(_named(alteration)):
+            reply = await self._controller_topics(
+                lambda s: s.AlterLogDefaults,
+                request,
+                lambda reply: (
+                    reply.error_code
+                    or validate_only
+                    or _holds(self.image.dynamic_defaults, request)
+                ),
+            )
+            if reply.error_code:
+                code = ErrorCode(reply.error_code)
+                raise KafkaError(code, reply.error_message or code.name)
+        if rates.replace or _named(rates):
+            await self._store_broker_configs(CLUSTER_DEFAULT, rates, validate_only)
 
     def _check_remote_storage(self, configs: Mapping[str, str]) -> None:
         """Kafka's rule: remote.storage.enable only on a broker with
@@ -1965,6 +2040,37 @@ class KafkaApis:
     def _shows(self, alteration: pb.ConfigAlteration) -> bool:
         topic = self.image.topic(alteration.name)
         return topic is not None and _holds(topic.configs, alteration)
+
+
+def _config_type(resource_type: int, name: str) -> int:
+    """A described config's Kafka type: a topic config's, a broker's cluster-wide default
+    of one (that topic config's) or throttle rate's (LONG); 0 (UNKNOWN) for the static
+    ones."""
+    if resource_type == TOPIC_RESOURCE:
+        return config_type(name)
+    if name in BROKER_CONFIG_NAMES:
+        return LONG_TYPE
+    topic_name = DEFAULT_NAMES.get(name)
+    return 0 if topic_name is None else config_type(topic_name)
+
+
+def _broker_id(name: str, what: str = "Broker id") -> int:
+    """A broker resource's name read as Kafka reads it (Java's Integer.parseInt); Kafka's
+    DescribeConfigs calls it the broker id, its AlterConfigs the node id."""
+    if re.fullmatch(r"[+-]?[0-9]+", name) is None or not -(1 << 31) <= int(name) < 1 << 31:
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"{what} must be an integer, but it is: {name}")
+    return int(name)
+
+
+def _setting_value(value: object) -> str:
+    """A broker setting as Kafka writes a config value (null written empty)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    return str(value)
 
 
 def _named(alteration: pb.ConfigAlteration) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from directlog.broker_config import CLUSTER_DEFAULT
 from directlog.rpc import controller_pb2 as pb
 from directlog.security import acl_messages
 from directlog.security.acl import (
@@ -240,8 +241,16 @@ class ClusterImage:
         return topic.partitions.get(tp.partition) if topic is not None else None
 
     def configs_of_broker(self, broker_id: int) -> dict[str, str]:
-        """Broker ``broker_id``'s dynamic configs (empty: none set)."""
+        """Broker ``broker_id``'s dynamic configs (empty: none set); CLUSTER_DEFAULT's: the
+        cluster-wide ones."""
         return self.broker_configs.get(broker_id, {})
+
+    def configs_in_effect(self, broker_id: int) -> dict[str, str]:
+        """Broker ``broker_id``'s dynamic configs over the cluster-wide ones, as its
+        replication throttles read them (no copy unless both are set)."""
+        default = self.broker_configs.get(CLUSTER_DEFAULT)
+        own = self.broker_configs.get(broker_id, {})
+        return {**default, **own} if default else own
 
     def scram_credential(self, user: str, mechanism: int) -> pb.ScramCredential | None:
         """The user's credential for a mechanism (Kafka's ScramMechanism number)."""

@@ -57,7 +57,7 @@ class ReplicaManager:
         self.fetchers: dict[int, ReplicaFetcher] = {}
         # The replication throttles (leader side in the fetch handler, follower side in the
         # fetchers), at the rates the image gives this broker.
-        self.quotas = ReplicationQuotas(broker_id, lambda: image.configs_of_broker(broker_id))
+        self.quotas = ReplicationQuotas(broker_id, lambda: image.configs_in_effect(broker_id))
         self.link: ControllerLink | None = None
         self._notify = notify
         self.metrics = metrics

@@ -38,7 +38,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
-from directlog.broker_config import InvalidBrokerConfigError, validate_broker_configs
+from directlog.broker_config import (
+    CLUSTER_DEFAULT,
+    InvalidBrokerConfigError,
+    validate_broker_configs,
+)
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.security.acl import AclBinding, AclBindingFilter, validate_binding, validate_filter
 from directlog.security.client_quotas import QuotaEntity, validate_alteration
@@ -49,6 +53,7 @@ from directlog.topic_config import (
     InvalidConfigError,
     LogConfig,
     altered_list,
+    default_name,
     flag,
 )
 from directlog.topics import NO_LEADER, topic_name_error
@@ -1145,9 +1150,9 @@ class ClusterState:
         lists: ListChanges = (NO_CHANGES, NO_CHANGES),
     ) -> Change:
         """The cluster-wide defaults of topic configs (Kafka's dynamic broker defaults, which
-        brokers name ``log.<name>``), altered as ``alter_configs`` alters a topic's overrides.
-        INVALID_CONFIG when a topic's overrides would not combine with the result, which
-        brokers could then not apply."""
+        brokers name ``default_name(name)``: ``log.<name>`` mostly), altered as
+        ``alter_configs`` alters a topic's overrides. INVALID_CONFIG when a topic's
+        overrides would not combine with the result, which brokers could then not apply."""
         defaults = _altered(self.log_defaults, set_configs, delete, replace_all, lists)
         for name in (*set_configs, *lists[0], *lists[1]):  # each value set, as it is set
             raw = defaults[name]
@@ -1160,7 +1165,7 @@ class ClusterState:
             except InvalidConfigError as exc:
                 raise KafkaError(
                     ErrorCode.INVALID_CONFIG,
-                    f"Invalid value {raw!r} for configuration log.{name}: {exc}",
+                    f"Invalid value {raw!r} for configuration {default_name(name)}: {exc}",
                 ) from exc
         config = _validate_configs(defaults)
         for topic in self.topics.values():
@@ -1183,9 +1188,10 @@ class ClusterState:
     ) -> Change:
         """One broker's dynamic configs (Kafka's per-broker dynamic configs: the replication
         throttle rates), altered as ``alter_configs`` alters a topic's overrides. Any id
-        >= 0, registered or not: Kafka keeps a broker's configs apart from its registration.
-        INVALID_CONFIG for a config that is not a supported per-broker one, or a bad value."""
-        if broker_id < 0:
+        >= 0, registered or not: Kafka keeps a broker's configs apart from its registration;
+        CLUSTER_DEFAULT (-1): the cluster-wide ones. INVALID_CONFIG for a config that is not
+        a supported dynamic broker one, or a bad value."""
+        if broker_id < CLUSTER_DEFAULT:
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"broker id {broker_id} is negative")
         current = self.broker_configs.get(broker_id, {})
         configs = _altered(current, set_configs, delete, replace_all)

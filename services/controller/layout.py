@@ -48,6 +48,8 @@ config names (``retention.ms``, which brokers show as ``log.retention.ms``); a t
 ``broker_configs/<id>`` holds Kafka's per-broker dynamic configs of broker ``<id>`` (the
 replication throttle rates, directlog/broker_config.py), apart from its registration, which
 every start of the broker rewrites; an id may have configs before it ever registers.
+``broker_configs/-1`` holds the cluster-wide ones (Kafka's default entity), which a broker's
+own override.
 
 ``scram/<user>`` holds salted keys only (base64), never a password. A user name may hold
 any character, ``/`` included, so it is written percent-encoded (``encode_name``), as are

@@ -84,6 +84,20 @@ def test_every_update_carries_every_brokers_dynamic_configs() -> None:
     assert image.broker_configs == {}
 
 
+def test_a_brokers_own_rates_override_the_cluster_wide_ones() -> None:
+    image = ClusterImage(LogConfig())
+    message = update(1, {}, full=True)
+    leader, follower = "leader.replication.throttled.rate", "follower.replication.throttled.rate"
+    message.broker_configs.add(broker_id=-1, configs={leader: "500", follower: "700"})
+    message.broker_configs.add(broker_id=2, configs={leader: "1000"})
+    image.apply(message)
+    assert image.configs_in_effect(2) == {leader: "1000", follower: "700"}
+    assert image.configs_in_effect(0) == {leader: "500", follower: "700"}
+    assert image.configs_of_broker(0) == {}  # its own: none
+    image.apply(update(2, {}))
+    assert image.configs_in_effect(2) == {}
+
+
 def security_update(version: int, *, full: bool = False, **kinds: list[Any]) -> pb.MetadataUpdate:
     """An update carrying the kinds of security metadata named (``acls=[]``: emptied)."""
     message = update(version, {}, full=full)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from directlog.broker_config import FOLLOWER_RATE, LEADER_RATE
+from directlog.broker_config import CLUSTER_DEFAULT, FOLLOWER_RATE, LEADER_RATE
 from directlog.protocol.errors import ErrorCode, KafkaError
 from services.controller import layout, messages
 from services.controller.cluster import Change, ClusterState, Image
@@ -54,6 +54,20 @@ def test_a_brokers_rates_are_one_znode_and_reach_every_broker() -> None:
     assert configs_in_updates(state) == {7: {LEADER_RATE: "9"}}
 
 
+def test_the_cluster_wide_rates_are_the_default_entitys_znode() -> None:
+    """Kafka's --entity-default: stored and streamed under CLUSTER_DEFAULT (-1)."""
+    state, _ = with_topic([(1,)])
+    change = state.alter_broker_configs(CLUSTER_DEFAULT, {FOLLOWER_RATE: "700"}, [])
+    data = b'{"configs":{"follower.replication.throttled.rate":"700"}}'
+    assert change.ops == (Create("/directlog/broker_configs/-1", data),)
+    commit(state, change)
+    commit(state, state.alter_broker_configs(1, {FOLLOWER_RATE: "5"}, []))
+    assert configs_in_updates(state) == {-1: {FOLLOWER_RATE: "700"}, 1: {FOLLOWER_RATE: "5"}}
+    with pytest.raises(KafkaError) as refused:
+        state.alter_broker_configs(CLUSTER_DEFAULT, {"num.io.threads": "8"}, [])
+    assert refused.value.code is ErrorCode.INVALID_CONFIG
+
+
 @pytest.mark.parametrize(
     ("broker", "set_configs", "delete", "error", "named"),
     [
@@ -64,7 +78,7 @@ def test_a_brokers_rates_are_one_znode_and_reach_every_broker() -> None:
         (1, {"log.retention.ms": "1"}, [], ErrorCode.INVALID_CONFIG, "log.retention.ms"),
         (1, {"num.io.threads": "8"}, [], ErrorCode.INVALID_CONFIG, "num.io.threads"),
         (1, {LEADER_RATE: "1"}, [LEADER_RATE], ErrorCode.INVALID_REQUEST, LEADER_RATE),
-        (-1, {LEADER_RATE: "1"}, [], ErrorCode.INVALID_REQUEST, "negative"),
+        (-2, {LEADER_RATE: "1"}, [], ErrorCode.INVALID_REQUEST, "negative"),
     ],
 )
 def test_bad_broker_configs_are_refused_naming_them(

@@ -217,6 +217,24 @@ def test_segments_roll_on_time(open_log, clock):
     assert [s.base_offset for s in log.segments] == [0, 2]
 
 
+def test_segment_jitter_rolls_each_segment_somewhat_sooner(open_log, clock):
+    """segment.jitter.ms: each segment rolls up to that much before segment.ms, by an
+    amount of its own (Kafka's random draw; a hash of partition and base offset here)."""
+    config = LogConfig(segment_ms=60_000, segment_jitter_ms=30_000)
+    log = open_log(config)
+    jitters = {config.roll_jitter_ms(log.directory, offset) for offset in range(0, 200, 10)}
+    assert len(jitters) > 10 and all(0 <= j < 30_000 for j in jitters)
+    assert LogConfig(segment_ms=60_000).roll_jitter_ms(log.directory, 0) == 0
+    jitter = config.roll_jitter_ms(log.directory, 0)
+    log.append(batch([b"a"], ts=clock.now))
+    clock.advance(60_000 - jitter - 1)
+    log.append(batch([b"b"], ts=clock.now))
+    assert len(log.segments) == 1
+    clock.advance(1)
+    log.append(batch([b"c"], ts=clock.now))
+    assert [s.base_offset for s in log.segments] == [0, 2]
+
+
 def test_old_record_timestamps_do_not_roll_a_segment_per_append(open_log, clock):
     log = open_log(LogConfig(segment_ms=60_000))
     year_ago = clock.now - 365 * 86_400_000

@@ -182,6 +182,25 @@ def test_records_without_a_timestamp_are_not_checked_against_the_clock() -> None
     assert f"timestamp {old} is more than" in result[1]
 
 
+def test_the_deprecated_difference_bound_applies_while_before_and_after_are_unset() -> None:
+    """Kafka 3.7: message.timestamp.difference.max.ms bounds both ways unless
+    message.timestamp.before.max.ms / after.max.ms are set."""
+    config = LogConfig.from_properties({"message.timestamp.difference.max.ms": "1000"})
+    for timestamp in (T0 - 2000, T0 + 2000):
+        result = both_ways(build_batch([Record(0, timestamp, None, b"a")]), config, True, 0)
+        assert isinstance(result, tuple) and result[0] is InvalidTimestampError
+    within = build_batch([Record(0, T0 - 500, None, b"a"), Record(1, T0 + 500, None, b"b")])
+    assert isinstance(both_ways(within, config, True, 0), AppendPlan)
+    wider = LogConfig.from_properties(
+        {"message.timestamp.difference.max.ms": "1000", "message.timestamp.before.max.ms": "5000"}
+    )
+    late = build_batch([Record(0, T0 - 2000, None, b"a")])
+    assert isinstance(both_ways(late, wider, True, 0), AppendPlan)
+    early = build_batch([Record(0, T0 + 2000, None, b"a")])
+    result = both_ways(early, wider, True, 0)
+    assert isinstance(result, tuple) and result[0] is InvalidTimestampError
+
+
 def test_records_a_rule_refuses_are_named_by_their_index_in_the_batch() -> None:
     """KIP-467: the whole batch is refused, naming each record at fault and why."""
     config = LogConfig.from_properties({"message.timestamp.before.max.ms": "1000"})

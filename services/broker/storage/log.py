@@ -87,7 +87,7 @@ from services.broker.storage.segment import (
     LogSegment,
     finish_interrupted_swaps,
 )
-from services.broker.storage.validator import AppendPlan, plan_append
+from services.broker.storage.validator import AppendPlan, plan_append, recompressed
 
 log = logging.getLogger(__name__)
 
@@ -443,6 +443,7 @@ class PartitionLog:
             group_bytes = 0
             for buf in bufs:
                 try:
+                    buf = recompressed(buf, self.config)  # compression.type: stored rebuilt
                     next_offset = group[-1].plan.last_offset + 1 if group else self.log_end_offset
                     plan = self._plan(buf, leader_epoch, True, now, next_offset)
                     if group and (
@@ -764,7 +765,8 @@ class PartitionLog:
             head.size > config.segment_bytes - size
             or (
                 not head.is_empty()
-                and head.time_waited_for_roll(max_timestamp, now_ms) >= config.segment_ms
+                and head.time_waited_for_roll(max_timestamp, now_ms)
+                >= config.segment_ms - config.roll_jitter_ms(self.directory, head.base_offset)
             )
             or head.offset_index.size_bytes + batches * OffsetIndex.ENTRY.size
             > config.segment_index_bytes

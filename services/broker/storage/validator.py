@@ -21,11 +21,13 @@ from directlog.records.batch import (
     check_batch,
     raw_records,
     read_header,
+    recompress_batch,
     records_area,
     rewrite_header,
     scan_records,
     verify_crc,
 )
+from directlog.records.compression import Compression
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
 from directlog.topic_config import LogConfig
@@ -169,6 +171,33 @@ def plan_append(
     )
 
 
+def recompressed(buf: Buffer, config: LogConfig) -> Buffer:
+    """A producer's batches in the topic's compression.type, as Kafka's LogValidator
+    rebuilds them when the codec differs: `buf` itself when it is "producer" or every batch
+    is in that codec already. A batch is checked as it came (size against max.message.bytes,
+    CRC) before it is rebuilt; `plan_append` then validates what is stored."""
+    codec = config.target_compression
+    if codec is None:
+        return buf
+    view = memoryview(buf)
+    end = len(view)
+    batches: list[Buffer] = []
+    changed = False
+    position = 0
+    while position < end:
+        header = read_header(view, position, end)
+        size = header.size
+        batch = view[position : position + size]
+        if Compression.from_attributes(header.attributes) is not codec:
+            _check_size(size, config)
+            verify_crc(view, position, header)
+            batch = memoryview(recompress_batch(view, position, header, codec, MAX_DECOMPRESSED))
+            changed = True
+        batches.append(batch)
+        position += size
+    return b"".join(batches) if changed else buf
+
+
 def _check_in_python(
     view: memoryview, position: int, end: int, config: LogConfig, assign_offsets: bool
 ) -> CheckedBatch:
@@ -246,8 +275,7 @@ def _check_timestamps(
 ) -> None:
     """The batch's stamped records within the topic's window; when not, each record
     outside it is named (KIP-467), found by a scan only then."""
-    before = config.message_timestamp_before_max_ms
-    after = config.message_timestamp_after_max_ms
+    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
     if now_ms - smallest <= before and largest - now_ms <= after:
         return
     header = read_header(view, position, end)
