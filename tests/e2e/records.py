@@ -15,6 +15,7 @@ from directlog.protocol.errors import ErrorCode
 
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
     warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.consumer import FetchRequest
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 
@@ -88,3 +89,43 @@ def raw_request(bootstrap: str, message: Any) -> Any:
             await connection.close()
 
     return asyncio.run(send())
+
+
+def fetch_partition(
+    bootstrap: str,
+    topic: str,
+    offset: int,
+    *,
+    partition: int = 0,
+    version: int = 11,
+    rack: str = "",
+    epoch: int = -1,
+    isolation_level: int = 0,
+) -> Any:
+    """One consumer Fetch of one partition from `offset` (no long poll), sent to the broker
+    at `bootstrap` whatever it leads: its partition answer."""
+    wanted: dict[str, Any] = {
+        "partition": partition,
+        "fetch_offset": offset,
+        "partition_max_bytes": 1 << 20,
+    }
+    if version >= 9:
+        wanted["current_leader_epoch"] = epoch
+    request = FetchRequest(
+        version=version,
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=1 << 20,
+        isolation_level=isolation_level,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            FetchRequest.FetchTopic(
+                topic=topic, partitions=[FetchRequest.FetchTopic.FetchPartition(**wanted)]
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id=rack,
+    )
+    return raw_request(bootstrap, request).responses[0].partitions[0]

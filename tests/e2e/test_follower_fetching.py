@@ -11,7 +11,6 @@ replica is never preferred). Every record is read once, in order, throughout.
 from __future__ import annotations
 
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from directlog.protocol.errors import ErrorCode
 from services.broker.replica_selector import RACK_AWARE_SELECTOR
 from tests.e2e.cluster import Cluster, wait_for
-from tests.e2e.records import raw_request
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.protocol.consumer import FetchRequest
+from tests.e2e.records import fetch_partition
 
 TOPIC = "by-zone"
 RACKS = {0: "zone-a", 1: "zone-b", 2: "zone-c"}
@@ -134,29 +129,8 @@ def test_consumers_without_a_rack_or_in_the_leaders_rack_read_the_leader(
         assert after[1] == before[1] and after[2] == before[2], (rack, after)
 
 
-def fetch(broker: str, offset: int, *, version: int = 11, rack: str = "", epoch: int = -1) -> Any:
-    """One Fetch of partition 0 from `offset` (no long poll): its partition answer."""
-    wanted = {"partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20}
-    if version >= 9:
-        wanted["current_leader_epoch"] = epoch
-    request = FetchRequest(
-        version=version,
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=TOPIC, partitions=[FetchRequest.FetchTopic.FetchPartition(**wanted)]
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id=rack,
-    )
-    return raw_request(broker, request).responses[0].partitions[0]
+def fetch(broker: str, offset: int, **fields: Any) -> Any:
+    return fetch_partition(broker, TOPIC, offset, **fields)
 
 
 @pytest.mark.timeout(120)

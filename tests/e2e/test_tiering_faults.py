@@ -21,12 +21,11 @@ from directlog.rpc import tiering_pb2 as tpb
 from directlog.rpc import tiering_pb2_grpc
 from directlog.topics import uuid_text
 from tests.e2e.cluster import Cluster, wait_for
-from tests.e2e.records import recent_base_timestamp
+from tests.e2e.records import fetch_partition, recent_base_timestamp
 from tests.e2e.tiered import (
     TIMEOUT,
     contiguous,
     create_tiered_topic,
-    fetch_partition,
     finished_ranges,
     leader_of,
     local_log_start,

@@ -21,14 +21,12 @@ from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import controller_pb2_grpc
 from services.broker.storage.log import read_partition_metadata
 from tests.e2e.cluster import Cluster, wait_for
-from tests.e2e.records import raw_request
 from tests.s3_server import S3Server
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTopicPartition
-    from kafka.protocol.consumer import FetchRequest
 
 TIMEOUT = 90
 SEGMENT_BYTES = 64 * 1024
@@ -192,30 +190,3 @@ def contiguous(ranges: list[tuple[int, int]]) -> bool:
 def leader_of(cluster: Cluster, topic: str) -> int:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
-
-
-def fetch_partition(bootstrap: str, topic: str, offset: int) -> Any:
-    """One Fetch v11 of partition 0 from `offset` (no long poll): its partition answer."""
-    request = FetchRequest(
-        version=11,
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchTopic.FetchPartition(
-                        partition=0, fetch_offset=offset, partition_max_bytes=1 << 20
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
-    return raw_request(bootstrap, request).responses[0].partitions[0]
