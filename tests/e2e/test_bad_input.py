@@ -9,6 +9,7 @@ import struct
 import time
 import urllib.request
 import warnings
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -46,6 +47,20 @@ def connect(broker: BrokerProcess) -> socket.socket:
     host, port = broker.bootstrap.rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=10)
     return connection
+
+
+def produce_request(topic: str, records: bytes, acks: int = -1) -> Any:
+    """A Produce of `records` to partition 0 of `topic` (its version set when sent)."""
+    parts = ProduceRequest.TopicProduceData.PartitionProduceData
+    return ProduceRequest(
+        acks=acks,
+        timeout_ms=1000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic, partition_data=[parts(index=0, records=records)]
+            )
+        ],
+    )
 
 
 def closed_by_peer(connection: socket.socket) -> bool:
@@ -163,16 +178,7 @@ def test_corrupt_batch_gets_corrupt_message_and_changes_nothing(broker: BrokerPr
     before = stored(broker)
     batch = bytearray(build_batch([Record(0, 1_700_000_000_000, None, b"flipped")]))
     batch[-1] ^= 0xFF
-    parts = ProduceRequest.TopicProduceData.PartitionProduceData
-    request = ProduceRequest(
-        acks=-1,
-        timeout_ms=1000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name="kept", partition_data=[parts(index=0, records=bytes(batch))]
-            )
-        ],
-    )
+    request = produce_request("kept", bytes(batch))
     connection = connect(broker)
     response = ProduceResponse.decode(roundtrip(connection, request, 9, 3)[5:], version=9)
     partition = response.responses[0].partition_responses[0]
@@ -196,12 +202,7 @@ def test_invalid_topic_names_get_invalid_topic(broker: BrokerProcess) -> None:
 
 
 def produce_frame(topic: str, batch: bytes, correlation: int, version: int = 7) -> bytes:
-    parts = ProduceRequest.TopicProduceData.PartitionProduceData
-    request = ProduceRequest(
-        acks=1,
-        timeout_ms=1000,
-        topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[parts(0, batch)])],
-    )
+    request = produce_request(topic, batch, acks=1)
     request.API_VERSION = version
     request.with_header(correlation_id=correlation, client_id="pipelined")
     payload = bytes(request.encode(header=True))
@@ -290,16 +291,7 @@ def test_records_a_compacted_topic_refuses_are_named_and_none_of_their_batch_sto
     batch = build_batch(
         [Record(0, stamp, b"k0", b"a"), Record(1, stamp, None, b"b"), Record(2, stamp, None, b"c")]
     )
-    parts = ProduceRequest.TopicProduceData.PartitionProduceData
-    request = ProduceRequest(
-        acks=-1,
-        timeout_ms=1000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name="compacted", partition_data=[parts(index=0, records=batch)]
-            )
-        ],
-    )
+    request = produce_request("compacted", batch)
     connection = connect(broker)
     for version, correlation in ((8, 4), (9, 5)):
         response = ProduceResponse.decode(
