@@ -65,6 +65,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         DescribeConfigsResponse,
         DescribeGroupsRequest,
         DescribeGroupsResponse,
+        DescribeTransactionsRequest,
+        DescribeTransactionsResponse,
         DescribeUserScramCredentialsRequest,
         DescribeUserScramCredentialsResponse,
         ElectLeadersRequest,
@@ -75,6 +77,8 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         ListGroupsResponse,
         ListPartitionReassignmentsRequest,
         ListPartitionReassignmentsResponse,
+        ListTransactionsRequest,
+        ListTransactionsResponse,
     )
     from kafka.protocol.consumer import (
         FetchRequest,
@@ -107,10 +111,20 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
         MetadataResponse,
     )
     from kafka.protocol.producer import (
+        AddOffsetsToTxnRequest,
+        AddOffsetsToTxnResponse,
+        AddPartitionsToTxnRequest,
+        AddPartitionsToTxnResponse,
+        EndTxnRequest,
+        EndTxnResponse,
         InitProducerIdRequest,
         InitProducerIdResponse,
         ProduceRequest,
         ProduceResponse,
+        TxnOffsetCommitRequest,
+        TxnOffsetCommitResponse,
+        WriteTxnMarkersRequest,
+        WriteTxnMarkersResponse,
     )
     from kafka.protocol.sasl import (
         SaslAuthenticateRequest,
@@ -141,6 +155,11 @@ class ApiKey(IntEnum):
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    WRITE_TXN_MARKERS = 27
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
@@ -158,6 +177,8 @@ class ApiKey(IntEnum):
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     DESCRIBE_CLUSTER = 60
     RDMA_ACCESS = RDMA_ACCESS_KEY  # Directlog's own (docs/formats.md "RDMA access")
     RDMA_CONSUME = RDMA_CONSUME_KEY  # Directlog's own (docs/formats.md "RDMA consume")
@@ -220,6 +241,19 @@ APIS: dict[int, Api] = {
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
         Api(ApiKey.DELETE_RECORDS, DeleteRecordsRequest, DeleteRecordsResponse, 0, 2),
         Api(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
+        # AddPartitionsToTxn v4+ is brokers' verification (KIP-890), not served.
+        Api(
+            ApiKey.ADD_PARTITIONS_TO_TXN,
+            AddPartitionsToTxnRequest,
+            AddPartitionsToTxnResponse,
+            0,
+            3,
+        ),
+        Api(ApiKey.ADD_OFFSETS_TO_TXN, AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3),
+        Api(ApiKey.END_TXN, EndTxnRequest, EndTxnResponse, 0, 3),
+        Api(ApiKey.TXN_OFFSET_COMMIT, TxnOffsetCommitRequest, TxnOffsetCommitResponse, 0, 3),
+        # Our schema library knows WriteTxnMarkers from v1 only (Kafka 4.0 dropped v0).
+        Api(ApiKey.WRITE_TXN_MARKERS, WriteTxnMarkersRequest, WriteTxnMarkersResponse, 1, 1),
         Api(ApiKey.DESCRIBE_ACLS, DescribeAclsRequest, DescribeAclsResponse, 0, 3),
         Api(ApiKey.CREATE_ACLS, CreateAclsRequest, CreateAclsResponse, 0, 3),
         Api(ApiKey.DELETE_ACLS, DeleteAclsRequest, DeleteAclsResponse, 0, 3),
@@ -279,6 +313,14 @@ APIS: dict[int, Api] = {
             0,
         ),
         Api(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse, 0, 1),
+        Api(
+            ApiKey.DESCRIBE_TRANSACTIONS,
+            DescribeTransactionsRequest,
+            DescribeTransactionsResponse,
+            0,
+            0,
+        ),
+        Api(ApiKey.LIST_TRANSACTIONS, ListTransactionsRequest, ListTransactionsResponse, 0, 0),
         Api(ApiKey.RDMA_ACCESS, RdmaAccessRequest, RdmaAccessResponse, 0, 0, decode_request),
         Api(
             ApiKey.RDMA_CONSUME,

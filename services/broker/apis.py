@@ -82,6 +82,7 @@ from services.broker.fetch_response import (
     encode_fetch_response,
     part_size,
 )
+from services.broker.groups.coordinator import Commit
 from services.broker.groups.handlers import GroupApis
 from services.broker.groups.offsets_topic import OFFSETS_TOPIC, partition_for
 from services.broker.metrics import BrokerMetrics
@@ -105,6 +106,10 @@ from services.broker.settings import BrokerSettings
 from services.broker.storage import AppendResult, FileSlice, PartitionLog
 from services.broker.storage.errors import OffsetMovedToTieredStorageError
 from services.broker.tiered.remote_reads import RemoteReader
+from services.broker.transactions.coordinator import TransactionCoordinator, TransactionSettings
+from services.broker.transactions.marker_writer import MarkerWriter
+from services.broker.transactions.metadata import TxnState
+from services.broker.transactions.state_topic import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +220,24 @@ class KafkaApis:
         self.link = link
         self.metrics = metrics
         self.producer_ids = producer_ids
+        self.groups = groups
+        self.markers = MarkerWriter(
+            settings.node_id,
+            replicas,
+            image,
+            replicas.fetch_settings.security,
+            settings.transaction_marker_timeout_ms,
+            groups.coordinator.transaction_ended,
+        )
+        self.transactions = TransactionCoordinator(
+            TransactionSettings(
+                settings.transaction_max_timeout_ms,
+                settings.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            ),
+            self._transaction_partitions,
+            producer_ids,
+            self.markers,
+        )
         self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
         self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
         self.rdma_replication: RdmaReplication | None = None  # set when rdma_replication is on
@@ -241,6 +264,13 @@ class KafkaApis:
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
+            ApiKey.ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
+            ApiKey.ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn,
+            ApiKey.END_TXN: self.end_txn,
+            ApiKey.TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            ApiKey.DESCRIBE_TRANSACTIONS: self.describe_transactions,
+            ApiKey.LIST_TRANSACTIONS: self.list_transactions,
+            ApiKey.WRITE_TXN_MARKERS: self.write_txn_markers,
             ApiKey.RDMA_ACCESS: self.rdma_access,
             ApiKey.RDMA_CONSUME: self.rdma_consume,
             ApiKey.RDMA_REPLICA: self.rdma_replica,
@@ -324,6 +354,12 @@ class KafkaApis:
             acks = request.acks
             results = []
             waits: list[_Replicating] = []
+            # A transactional producer also needs WRITE on its transactional id (KIP-98).
+            txn_refused = (
+                access is not None
+                and request.transactional_id is not None
+                and not access.allowed(Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id)
+            )
             for topic in request.topic_data:
                 partitions = []
                 refused = access is not None and not access.allowed(
@@ -332,6 +368,11 @@ class KafkaApis:
                 for data in topic.partition_data:
                     result = PartitionResult(data.index, ErrorCode.NONE)
                     try:
+                        if txn_refused:
+                            assert request.transactional_id is not None
+                            raise denied(
+                                Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id
+                            )
                         if refused:
                             raise denied(Operation.WRITE, TOPIC, topic.name)
                         partition, records = self._producible(header, acks, topic.name, data)
@@ -416,10 +457,10 @@ class KafkaApis:
         raises KafkaError with the code answering a produce it may not take."""
         if acks not in (0, 1, -1):
             raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
-        if topic == OFFSETS_TOPIC:
+        if topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):
             raise KafkaError(
                 ErrorCode.INVALID_TOPIC_EXCEPTION,
-                f"{OFFSETS_TOPIC} is internal: only group coordinators write it",
+                f"{topic} is internal: only its coordinators write it",
             )
         partition = self.replicas.leader_partition(topic, data.index)
         records: Buffer = data.records if data.records is not None else b""
@@ -614,6 +655,9 @@ class KafkaApis:
         quota allows, at most what it allows plus one batch (Kafka leaves it out of the
         answer; the follower fetches again)."""
         replica = _replica_id(request, version)
+        # KIP-98: read_committed consumers read up to the last stable offset, and are told
+        # which transactions there were aborted.
+        read_committed = replica < 0 and version >= 4 and request.isolation_level == 1
         quotas = self.replicas.quotas
         now = now_ms()
         topics: list[TopicData] = []
@@ -676,7 +720,8 @@ class KafkaApis:
                     )
                     if preferred is not None:  # no records: the consumer goes there
                         data.preferred_read_replica = preferred
-                        data.high_watermark = data.last_stable_offset = partition_log.high_watermark
+                        data.high_watermark = partition_log.high_watermark
+                        data.last_stable_offset = partition_log.last_stable_offset
                         data.log_start_offset = partition_log.log_start_offset
                         data.records = b""
                         partitions.append(data)
@@ -693,10 +738,15 @@ class KafkaApis:
                             partition.config, wanted.partition, partition.info.isr, replica
                         )
                     else:
-                        upper = partition_log.high_watermark
+                        upper = (
+                            partition_log.last_stable_offset
+                            if read_committed
+                            else partition_log.high_watermark
+                        )
                         if version < 4:
                             self._check_down_conversion(name, version)
-                    data.high_watermark = data.last_stable_offset = partition_log.high_watermark
+                    data.high_watermark = partition_log.high_watermark
+                    data.last_stable_offset = partition_log.last_stable_offset
                     data.log_start_offset = partition_log.log_start_offset
                     if (
                         not partition.is_leader
@@ -731,6 +781,13 @@ class KafkaApis:
                     )
                     data.offsets = read.offsets
                     data.records = read.records
+                    if read_committed:
+                        data.aborted = [
+                            (txn.producer_id, txn.first_offset)
+                            for txn in partition_log.aborted_transactions(
+                                wanted.fetch_offset, upper
+                            )
+                        ]
                     if not read.records.size and version < 3 and wanted.fetch_offset < upper:
                         # Its first batch is above the limit: before KIP-74 the client is
                         # told with a message cut off, and raises its record-too-large error.
@@ -894,7 +951,14 @@ class KafkaApis:
                         wanted.partition_index,
                         wanted.current_leader_epoch if header.api_version >= 4 else -1,
                     )
-                    offset, timestamp = await self._offset_for(partition, wanted.timestamp)
+                    if (
+                        wanted.timestamp == LATEST
+                        and header.api_version >= 2
+                        and request.isolation_level == 1
+                    ):  # read_committed (KIP-98): the latest a consumer may read
+                        offset, timestamp = partition.log.last_stable_offset, -1
+                    else:
+                        offset, timestamp = await self._offset_for(partition, wanted.timestamp)
                     epoch = partition.leader_epoch
                     if wanted.timestamp == EARLIEST_LOCAL:
                         epoch = partition.log.leader_epochs.epoch_for(offset)
@@ -1154,9 +1218,9 @@ class KafkaApis:
         )
 
     async def find_coordinator(self, request: Any, header: RequestHeader) -> Response:
-        """The group coordinator is the leader of the group's __consumer_offsets partition
-        (created on first use). Transactions are not served: their coordinators are refused
-        with INVALID_REQUEST, which clients do not retry."""
+        """A group's coordinator is the leader of its __consumer_offsets partition, a
+        transactional id's the leader of its __transaction_state partition (each topic
+        created on first use)."""
         version = header.api_version
         response = APIS[ApiKey.FIND_COORDINATOR].response
         keys = request.coordinator_keys if version >= 4 else [request.key]
@@ -1191,35 +1255,34 @@ class KafkaApis:
     async def _coordinator(
         self, key: str, key_type: int
     ) -> tuple[ErrorCode, str | None, tuple[int, str, int] | None]:
-        """The group coordinator's node id, host and port on the request's listener."""
+        """The coordinator's node id, host and port on the request's listener."""
         access = self.access
         if access is not None and key_type in (GROUP_KEY, TRANSACTION_KEY):
             resource = GROUP if key_type == GROUP_KEY else TRANSACTIONAL_ID
             if not access.allowed(Operation.DESCRIBE, resource, key):
                 refusal = denied(Operation.DESCRIBE, resource, key)
                 return refusal.code, str(refusal), None
-        if key_type == TRANSACTION_KEY:
-            return ErrorCode.INVALID_REQUEST, "Directlog does not serve transactions", None
-        if key_type != GROUP_KEY:
+        if key_type == GROUP_KEY:
+            name = OFFSETS_TOPIC
+        elif key_type == TRANSACTION_KEY:
+            name = TRANSACTION_STATE_TOPIC
+        else:
             return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", None
         if not key:
-            return ErrorCode.INVALID_REQUEST, "the group id is empty", None
-        topic = self.image.topic(OFFSETS_TOPIC)
+            what = "group id" if key_type == GROUP_KEY else "transactional id"
+            return ErrorCode.INVALID_REQUEST, f"the {what} is empty", None
+        topic = self.image.topic(name)
         if topic is None:
-            await self._create_offsets_topic()
-            topic = self.image.topic(OFFSETS_TOPIC)
+            await self._create_internal_topic(name)
+            topic = self.image.topic(name)
             if topic is None:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC} is not ready", None
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{name} is not ready", None
         index = partition_for(key, len(topic.partitions))
         info = topic.partitions.get(index)
         broker = self.image.brokers.get(info.leader) if info is not None else None
         address = broker.address(LISTENER.get()) if broker is not None else None
         if broker is None or address is None or address[1] <= 0 or broker.fenced:
-            return (
-                ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                f"{OFFSETS_TOPIC}-{index} has no leader",
-                None,
-            )
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{name}-{index} has no leader", None
         return ErrorCode.NONE, None, (broker.broker_id, *address)
 
     def _controller_id(self, live: list[tuple[int, str, int, str | None]]) -> int:
@@ -1241,23 +1304,32 @@ class KafkaApis:
             if (address := b.address(listener)) is not None
         ]
 
-    async def _create_offsets_topic(self) -> None:
-        """Create __consumer_offsets as Kafka does: compacted, the configured partitions and
-        replication factor; until enough brokers are registered the controller refuses it
-        and clients are told COORDINATOR_NOT_AVAILABLE, which they retry."""
+    async def _create_internal_topic(self, name: str) -> None:
+        """Create __consumer_offsets or __transaction_state as Kafka does: compacted, the
+        configured partitions and replication factor; until enough brokers are registered
+        the controller refuses it and clients are told COORDINATOR_NOT_AVAILABLE, which they
+        retry."""
         settings = self.settings
+        if name == OFFSETS_TOPIC:
+            partitions = settings.offsets_topic_num_partitions
+            replication_factor = settings.offsets_topic_replication_factor
+            segment_bytes = settings.offsets_topic_segment_bytes
+        else:
+            partitions = settings.transaction_state_log_num_partitions
+            replication_factor = settings.transaction_state_log_replication_factor
+            segment_bytes = settings.transaction_state_log_segment_bytes
         try:
             reply = await self._controller_topics(
                 lambda s: s.CreateTopics,
                 pb.CreateTopicsRequest(
                     topics=[
                         pb.NewTopic(
-                            name=OFFSETS_TOPIC,
-                            partitions=settings.offsets_topic_num_partitions,
-                            replication_factor=settings.offsets_topic_replication_factor,
+                            name=name,
+                            partitions=partitions,
+                            replication_factor=replication_factor,
                             configs={
                                 "cleanup.policy": "compact",
-                                "segment.bytes": str(settings.offsets_topic_segment_bytes),
+                                "segment.bytes": str(segment_bytes),
                             },
                         )
                     ]
@@ -1265,47 +1337,336 @@ class KafkaApis:
                 self._created,
             )
         except KafkaError as error:
-            log.info("cannot create %s yet: %s", OFFSETS_TOPIC, error)
+            log.info("cannot create %s yet: %s", name, error)
             return
         for result in reply.results:
             if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
                 log.warning(
                     "cannot create %s: %s: %s",
-                    OFFSETS_TOPIC,
+                    name,
                     ErrorCode(result.error_code).name,
                     result.error_message,
                 )
             elif result.error_code == ErrorCode.NONE:
-                log.info("created %s", OFFSETS_TOPIC)
+                log.info("created %s", name)
+
+    def _transaction_partitions(self) -> int:
+        """Partitions of __transaction_state: as created, or as it will be created."""
+        topic = self.image.topic(TRANSACTION_STATE_TOPIC)
+        return (
+            len(topic.partitions) if topic else self.settings.transaction_state_log_num_partitions
+        )
 
     async def init_producer_id(self, request: Any, header: RequestHeader) -> Response:
-        """A new producer id, epoch 0, for an idempotent producer. Without a transactional
-        id Kafka always hands out a fresh id, also to a producer that names its old one
-        (KIP-360): its sequences start again at 0 under the new id."""
+        """A producer id and epoch. Without a transactional id: a new id, epoch 0 — Kafka
+        always hands out a fresh id, also to a producer that names its old one (KIP-360):
+        its sequences start again at 0 under the new id. With one: the id's coordinator
+        bumps its epoch, fencing the id's older producers (services/broker/transactions)."""
         response = APIS[ApiKey.INIT_PRODUCER_ID].response
-        code, producer_id = ErrorCode.NONE, -1
+        code, producer_id, epoch = ErrorCode.NONE, -1, -1
         transactional_id = request.transactional_id
         refusal = self._producer_id_refusal(transactional_id)
-        if refusal is not None:
-            code = refusal.code
-            log.info("init_producer_id: %s", refusal)
-        elif transactional_id is not None:
-            code = ErrorCode.INVALID_REQUEST
-            log.info("init_producer_id: refused transactional id %r", transactional_id)
-        else:
-            try:
-                producer_id = await self.producer_ids.next_id()
-            except KafkaError as error:
-                code = error.code
-                log.info("init_producer_id: %s", error)
+        try:
+            if refusal is not None:
+                raise refusal
+            if transactional_id is None:
+                producer_id, epoch = await self.producer_ids.next_id(), 0
+            else:
+                expected = None
+                if header.api_version >= 3 and request.producer_id >= 0:
+                    expected = (request.producer_id, request.producer_epoch)
+                producer_id, epoch = await self.transactions.init_producer_id(
+                    transactional_id, request.transaction_timeout_ms, expected
+                )
+        except KafkaError as error:
+            code = _fenced_as(error.code, header.api_version < 4)
+            log.info("init_producer_id: %s", error)
         if code is not ErrorCode.NONE:
             self.metrics.request_error("init_producer_id", code)
         return response(
+            throttle_time_ms=0, error_code=code, producer_id=producer_id, producer_epoch=epoch
+        )
+
+    async def add_partitions_to_txn(self, request: Any, header: RequestHeader) -> Response:
+        """The partitions join the producer's open transaction (v0-3: a client's request).
+        Every partition of the request gets the one outcome, as in Kafka: the coordinator's
+        code, or for a partition that does not exist UNKNOWN_TOPIC_OR_PARTITION and for
+        the others OPERATION_NOT_ATTEMPTED."""
+        response = APIS[ApiKey.ADD_PARTITIONS_TO_TXN].response
+        topic_type = response.AddPartitionsToTxnTopicResult
+        partition_type = topic_type.AddPartitionsToTxnPartitionResult
+        transactional_id = request.v3_and_below_transactional_id
+        wanted = {(t.name, p) for t in request.v3_and_below_topics for p in t.partitions}
+        codes: dict[tuple[str, int], ErrorCode] = {}
+        access = self.access
+        refused_topics = (
+            set()
+            if access is None
+            else access.refused(Operation.WRITE, TOPIC, {t for t, _ in wanted})
+        )
+        if access is not None and not access.allowed(
+            Operation.WRITE, TRANSACTIONAL_ID, transactional_id
+        ):
+            codes = dict.fromkeys(wanted, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        elif refused_topics:
+            codes = {
+                tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                if tp[0] in refused_topics
+                else ErrorCode.OPERATION_NOT_ATTEMPTED
+                for tp in wanted
+            }
+        else:
+            bad = {
+                tp: ErrorCode.INVALID_TOPIC_EXCEPTION  # an internal topic is no producer's
+                if tp[0] in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
+                else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                for tp in wanted
+                if tp[0] in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
+                or self.image.partition(TopicPartition(*tp)) is None
+            }
+            if bad:
+                codes = {tp: bad.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted}
+            else:
+                code = ErrorCode.NONE
+                try:
+                    await self.transactions.add_partitions(
+                        transactional_id,
+                        request.v3_and_below_producer_id,
+                        request.v3_and_below_producer_epoch,
+                        wanted,
+                    )
+                except KafkaError as error:
+                    code = _fenced_as(error.code, header.api_version < 2)
+                    log.info("add_partitions_to_txn: %s", error)
+                codes = dict.fromkeys(wanted, code)
+        for code in set(codes.values()):
+            if code is not ErrorCode.NONE:
+                self.metrics.request_error("add_partitions_to_txn", code)
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, index), code in sorted(codes.items()):
+            by_topic.setdefault(topic, []).append(
+                partition_type(partition_index=index, partition_error_code=code)
+            )
+        return response(
+            throttle_time_ms=0,
+            results_by_topic_v3_and_below=[
+                topic_type(name=t, results_by_partition=p) for t, p in by_topic.items()
+            ],
+        )
+
+    async def add_offsets_to_txn(self, request: Any, header: RequestHeader) -> Response:
+        """The group's `__consumer_offsets` partition joins the producer's open transaction,
+        so its TxnOffsetCommits take effect with the transaction (sent to the group
+        coordinator next)."""
+        response = APIS[ApiKey.ADD_OFFSETS_TO_TXN].response
+        code = ErrorCode.NONE
+        access = self.access
+        try:
+            if access is not None:
+                access.check(Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id)
+                access.check(Operation.READ, GROUP, request.group_id)
+            if not request.group_id:
+                raise KafkaError(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
+            offsets_partition = self.groups.coordinator.partition_of(request.group_id)
+            await self.transactions.add_partitions(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                {(OFFSETS_TOPIC, offsets_partition)},
+            )
+        except KafkaError as error:
+            code = _fenced_as(error.code, header.api_version < 2)
+            log.info("add_offsets_to_txn: %s", error)
+            self.metrics.request_error("add_offsets_to_txn", code)
+        return response(throttle_time_ms=0, error_code=code)
+
+    async def txn_offset_commit(self, request: Any, header: RequestHeader) -> Response:
+        """Offsets committed in a transaction, at the group's coordinator: written now,
+        in effect once the transaction commits (services/broker/groups/coordinator.py)."""
+        response = APIS[ApiKey.TXN_OFFSET_COMMIT].response
+        topic_type = response.TxnOffsetCommitResponseTopic
+        partition_type = topic_type.TxnOffsetCommitResponsePartition
+        version = header.api_version
+        commits = [
+            Commit(
+                t.name,
+                p.partition_index,
+                p.committed_offset,
+                p.committed_leader_epoch if version >= 2 else -1,
+                p.committed_metadata,
+            )
+            for t in request.topics
+            for p in t.partitions
+        ]
+        access = self.access
+        refused_topics: set[str] = set()
+        code: ErrorCode = ErrorCode.NONE
+        codes: list[ErrorCode]
+        if access is not None:
+            if not access.allowed(Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id):
+                code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            elif not access.allowed(Operation.READ, GROUP, request.group_id):
+                code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            else:
+                refused_topics = access.refused(Operation.READ, TOPIC, {c.topic for c in commits})
+        if code is not ErrorCode.NONE:
+            codes = [code] * len(commits)
+        else:
+            allowed = [c for c in commits if c.topic not in refused_topics]
+            done = await self.groups.coordinator.txn_commit(
+                request.group_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.member_id if version >= 3 else "",
+                request.generation_id if version >= 3 else -1,
+                allowed,
+            )
+            answered = iter(done)
+            codes = [
+                ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                if c.topic in refused_topics
+                else next(answered)
+                for c in commits
+            ]
+        by_topic: dict[str, list[Any]] = {}
+        for commit, commit_code in zip(commits, codes, strict=True):
+            if commit_code is not ErrorCode.NONE:
+                self.metrics.request_error("txn_offset_commit", commit_code)
+            by_topic.setdefault(commit.topic, []).append(
+                partition_type(partition_index=commit.partition, error_code=commit_code)
+            )
+        return response(
+            throttle_time_ms=0,
+            topics=[topic_type(name=t, partitions=p) for t, p in by_topic.items()],
+        )
+
+    async def end_txn(self, request: Any, header: RequestHeader) -> Response:
+        """Commit or abort the producer's open transaction."""
+        response = APIS[ApiKey.END_TXN].response
+        code = ErrorCode.NONE
+        access = self.access
+        try:
+            if access is not None:
+                access.check(Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id)
+            await self.transactions.end_txn(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.committed,
+            )
+        except KafkaError as error:
+            code = _fenced_as(error.code, header.api_version < 2)
+            log.info("end_txn: %s", error)
+            self.metrics.request_error("end_txn", code)
+        return response(throttle_time_ms=0, error_code=code)
+
+    async def describe_transactions(self, request: Any, header: RequestHeader) -> Response:
+        """KIP-664: the state of each transactional id this broker coordinates (DESCRIBE on
+        the id, else TRANSACTIONAL_ID_AUTHORIZATION_FAILED)."""
+        response = APIS[ApiKey.DESCRIBE_TRANSACTIONS].response
+        state_type = response.TransactionState
+        topic_type = state_type.TopicData
+        access = self.access
+        states = []
+        for transactional_id in request.transactional_ids:
+            code, metadata = ErrorCode.NONE, None
+            try:
+                if access is not None:
+                    access.check(Operation.DESCRIBE, TRANSACTIONAL_ID, transactional_id)
+                metadata = self.transactions.describe(transactional_id)
+            except KafkaError as error:
+                code = error.code
+                self.metrics.request_error("describe_transactions", code)
+            topics: dict[str, list[int]] = {}
+            for topic, index in sorted(metadata.partitions if metadata else ()):
+                topics.setdefault(topic, []).append(index)
+            states.append(
+                state_type(
+                    error_code=code,
+                    transactional_id=transactional_id,
+                    transaction_state=metadata.state.kafka_name if metadata else "",
+                    transaction_timeout_ms=metadata.timeout_ms if metadata else 0,
+                    transaction_start_time_ms=metadata.start_ms if metadata else -1,
+                    producer_id=metadata.producer_id if metadata else -1,
+                    producer_epoch=metadata.producer_epoch if metadata else -1,
+                    topics=[topic_type(topic=t, partitions=p) for t, p in topics.items()],
+                )
+            )
+        return response(throttle_time_ms=0, transaction_states=states)
+
+    async def list_transactions(self, request: Any, header: RequestHeader) -> Response:
+        """KIP-664: the transactional ids this broker coordinates, filtered by state and
+        producer id; ids without DESCRIBE are left out, as in Kafka."""
+        response = APIS[ApiKey.LIST_TRANSACTIONS].response
+        known = {state.kafka_name for state in TxnState}
+        wanted_states = set(request.state_filters)
+        wanted_producers = set(request.producer_id_filters)
+        access = self.access
+        listed = [
+            response.TransactionState(
+                transactional_id=transactional_id,
+                producer_id=metadata.producer_id,
+                transaction_state=metadata.state.kafka_name,
+            )
+            for transactional_id, metadata in self.transactions.listed()
+            if (not wanted_states or metadata.state.kafka_name in wanted_states)
+            and (not wanted_producers or metadata.producer_id in wanted_producers)
+            and (
+                access is None
+                or access.allowed(Operation.DESCRIBE, TRANSACTIONAL_ID, transactional_id)
+            )
+        ]
+        code = (
+            ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+            if self.transactions.loading()
+            else ErrorCode.NONE
+        )
+        return response(
             throttle_time_ms=0,
             error_code=code,
-            producer_id=producer_id,
-            producer_epoch=0 if producer_id >= 0 else -1,
+            unknown_state_filters=sorted(wanted_states - known),
+            transaction_states=listed,
         )
+
+    async def write_txn_markers(self, request: Any, header: RequestHeader) -> Response:
+        """A transaction coordinator on another broker asks for markers in partitions this
+        broker leads (inter-broker: CLUSTER_ACTION on the cluster)."""
+        response = APIS[ApiKey.WRITE_TXN_MARKERS].response
+        marker_type = response.WritableTxnMarkerResult
+        topic_type = marker_type.WritableTxnMarkerTopicResult
+        partition_type = topic_type.WritableTxnMarkerPartitionResult
+        access = self.access
+        allowed = access is None or access.allowed_on_cluster(Operation.CLUSTER_ACTION)
+        markers = []
+        for marker in request.markers:
+            marker_args = (
+                marker.producer_id,
+                marker.producer_epoch,
+                bool(marker.transaction_result),
+                marker.coordinator_epoch,
+            )
+            topics = []
+            for topic in marker.topics:
+                if allowed:
+                    codes = await asyncio.gather(
+                        *(
+                            self.markers.write_local((topic.name, index), *marker_args)
+                            for index in topic.partition_indexes
+                        )
+                    )
+                else:
+                    codes = [ErrorCode.CLUSTER_AUTHORIZATION_FAILED] * len(topic.partition_indexes)
+                topics.append(
+                    topic_type(
+                        name=topic.name,
+                        partitions=[
+                            partition_type(partition_index=index, error_code=code)
+                            for index, code in zip(topic.partition_indexes, codes, strict=True)
+                        ],
+                    )
+                )
+            markers.append(marker_type(producer_id=marker.producer_id, topics=topics))
+        return response(markers=markers)
 
     def _producer_id_refusal(self, transactional_id: str | None) -> KafkaError | None:
         """Kafka's rule for a new producer id: a transactional producer needs WRITE on its
@@ -2183,3 +2544,11 @@ def _up_convert(message_set: bytes) -> bytes:
         for i, m in enumerate(messages)
     ]
     return build_batch(records)
+
+
+def _fenced_as(code: ErrorCode, before_kip_588: bool) -> ErrorCode:
+    """PRODUCER_FENCED for clients that know it (KIP-588), INVALID_PRODUCER_EPOCH for the
+    request versions before it."""
+    if code is ErrorCode.PRODUCER_FENCED and before_kip_588:
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    return code

@@ -39,6 +39,9 @@ class PartitionData:
     records: Records | None = None
     offsets: int = 0  # records the slice spans, for metrics
     preferred_read_replica: int = -1  # KIP-392: read from this follower instead (v11+)
+    # read_committed (v4+): (producer id, first offset) of the aborted transactions the
+    # records may hold; None under read_uncommitted.
+    aborted: list[tuple[int, int]] | None = None
 
     @property
     def records_size(self) -> int:
@@ -101,7 +104,11 @@ def encode_fetch_response(
             if version >= 5:
                 w.int64(p.log_start_offset)
             if version >= 4:
-                w.length(None)  # aborted transactions: none under read_uncommitted
+                w.length(None if p.aborted is None else len(p.aborted))
+                for producer_id, first_offset in p.aborted or ():
+                    w.int64(producer_id)
+                    w.int64(first_offset)
+                    w.tags()
             if version >= 11:
                 w.int32(p.preferred_read_replica)
             w.records(p.records, p.records_size)

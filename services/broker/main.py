@@ -153,6 +153,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         producer_ids,
         access,
     )
+    replicas.leadership_listeners.append(apis.transactions.leadership_changed)
     quotas = QuotaManager(
         window_num=settings.quota_window_num, window_seconds=settings.quota_window_size_seconds
     )
@@ -206,6 +207,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     bootstrap = f"{link.listeners[0].host}:{link.listeners[0].port}"
     link.start()
     coordinator.start()
+    apis.transactions.start()
     fsyncs = ThreadPoolExecutor(1, thread_name_prefix="housekeeping")
     housekeeping = loop.create_task(_housekeeping(logs, replicas, settings, fsyncs))
     compaction = loop.create_task(_compaction(logs, settings))
@@ -236,6 +238,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         housekeeping.cancel()
         compaction.cancel()
         await coordinator.close()
+        await apis.transactions.close()
         await exporter.close()
         await producer_ids.close()
         await link.close(fence=handed_over)

@@ -152,6 +152,15 @@ class BrokerSettings(ServiceSettings):
     group_min_session_timeout_ms: int = Field(6000, ge=1)
     group_max_session_timeout_ms: int = Field(1800000, ge=1)
     group_max_size: int = Field((1 << 31) - 1, ge=1)
+    # Transactions (Kafka's transaction.* settings and defaults). __transaction_state is
+    # created on the first FindCoordinator for a transactional id.
+    transaction_state_log_num_partitions: int = Field(50, ge=1)
+    transaction_state_log_replication_factor: int = Field(3, ge=1)
+    transaction_state_log_segment_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    transaction_max_timeout_ms: int = Field(900000, ge=1)
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = Field(10000, ge=1)
+    # How long a transaction marker waits for its partition's ISR before it is retried.
+    transaction_marker_timeout_ms: int = Field(30000, ge=1)
     # Idempotent producers: state of a producer id unseen this long is dropped.
     producer_id_expiration_ms: int = Field(86400000, ge=1)
     # RDMA produce (docs/broker.md "RDMA produce"): grants of preallocated head segments to

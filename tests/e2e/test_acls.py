@@ -844,8 +844,9 @@ def test_each_api_answers_its_authorization_error(
     assert listed.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     assert deleted.topics[0].partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
-    # allowed on the transactional id, the requests get as far as Directlog goes: it serves
-    # no transactions
+    # allowed on the transactional id, the requests get past authorization to the
+    # coordinator, which this one-broker cluster cannot have: __transaction_state needs
+    # transaction_state_log_replication_factor (3) brokers
     principal = "User:" + ivan_login["sasl.username"]
     secured.allow(acl(principal, AclOperation.WRITE, "tx-1", ResourceType.TRANSACTIONAL_ID))
     transaction, producer_id = ask(
@@ -853,8 +854,8 @@ def test_each_api_answers_its_authorization_error(
         [(coordinators, FindCoordinatorResponse), (transactional, InitProducerIdResponse)],
         user_of(ivan_login),
     )
-    assert transaction.coordinators[0].error_code == ErrorCode.INVALID_REQUEST
-    assert producer_id.error_code == ErrorCode.INVALID_REQUEST
+    assert transaction.coordinators[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert producer_id.error_code == ErrorCode.NOT_COORDINATOR
 
 
 def test_auto_creation_needs_create_on_the_cluster_or_the_topic(

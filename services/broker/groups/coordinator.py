@@ -51,6 +51,7 @@ from services.broker.groups.offsets_topic import (
     partition_for,
 )
 from services.broker.partition import Partition
+from services.broker.storage.markers import COMMIT, control_type
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ class GroupCoordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._next_expiry_check = 0
+        # TxnOffsetCommit (KIP-98): offsets written in a transaction, by (partition,
+        # producer id), that take effect when its COMMIT marker is written there.
+        self._pending_txn: dict[tuple[int, int], list[tuple[str, str, int, CommittedOffset]]] = {}
 
     # Lifecycle and leadership -------------------------------------------------------------
 
@@ -158,15 +162,19 @@ class GroupCoordinator:
     async def _load(self, index: int, owned: OffsetsPartition) -> None:
         started = time.monotonic()
         try:
-            records = await asyncio.to_thread(_read_partition, owned.partition)
+            read = await asyncio.to_thread(_read_partition, owned.partition)
         except Exception:
             log.exception("%s-%d: cannot load groups", OFFSETS_TOPIC, index)
             return
         if self.owned.get(index) is not owned:
             return  # leadership moved on while reading
         now = self._clock()
+        records, open_txns = _settle_transactions(read)
         for log_offset, key, value in records:
             self._replay(owned, log_offset, key, value, now)
+        for producer_id, txn_records in open_txns.items():
+            for log_offset, key, value in txn_records:
+                self._hold(index, producer_id, log_offset, key, value)
         owned.loaded = True
         log.info(
             "%s-%d: coordinating %d groups (loaded %d records in %.3f s)",
@@ -211,8 +219,27 @@ class GroupCoordinator:
             owned.groups.add(group_id)
         return group
 
+    def _hold(
+        self, index: int, producer_id: int, log_offset: int, key: bytes, value: bytes | None
+    ) -> None:
+        """Keep a transaction's offset commit read back from the log until its marker."""
+        try:
+            decoded = decode_key(key)
+            if isinstance(decoded, OffsetKey) and value is not None:
+                v = decode_offset_value(value)
+                offset = CommittedOffset(
+                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, log_offset
+                )
+                self._pending_txn.setdefault((index, producer_id), []).append(
+                    (decoded.group, decoded.topic, decoded.partition, offset)
+                )
+        except Exception as error:
+            log.warning("%s at %d: skipping a record: %s", OFFSETS_TOPIC, log_offset, error)
+
     def _unload(self, index: int) -> None:
         owned = self.owned.pop(index)
+        for pending in [k for k in self._pending_txn if k[0] == index]:
+            del self._pending_txn[pending]
         for group_id in owned.groups:
             group = self.groups.pop(group_id, None)
             if group is not None:
@@ -420,6 +447,106 @@ class GroupCoordinator:
                 )
         return codes
 
+    async def txn_commit(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        member_id: str,
+        generation: int,
+        commits: list[Commit],
+    ) -> list[ErrorCode]:
+        """TxnOffsetCommit: the offsets are written to the group's partition in the
+        producer's transaction (its id and epoch on the batch) and take effect when the
+        transaction's COMMIT marker is written there; one code per commit, in order.
+        Kafka's checks: a member id, if given, must be a member; a generation, if given,
+        the group's."""
+        try:
+            owned = self._owned(group_id)
+        except KafkaError as error:
+            return [error.code] * len(commits)
+        group = self.groups.get(group_id)
+        code = ErrorCode.NONE
+        if group is not None and group.state is GroupState.DEAD:
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        elif member_id and (group is None or member_id not in group.members):
+            code = ErrorCode.UNKNOWN_MEMBER_ID
+        elif generation >= 0 and (group is None or generation != group.generation):
+            code = ErrorCode.ILLEGAL_GENERATION
+        if code is not ErrorCode.NONE:
+            return [code] * len(commits)
+        if group is None:
+            self._group(owned, group_id, create=True)
+        codes = [ErrorCode.NONE] * len(commits)
+        records: list[tuple[bytes, bytes | None]] = []
+        kept: list[tuple[int, Commit]] = []
+        now = self._clock()
+        for i, commit in enumerate(commits):
+            metadata = commit.metadata or ""
+            if len(metadata.encode("utf-8")) > self.settings.metadata_max_bytes:
+                codes[i] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                continue
+            key = encode_offset_key(OffsetKey(group_id, commit.topic, commit.partition))
+            value = OffsetValue(commit.offset, commit.leader_epoch, metadata, now)
+            records.append((key, encode_offset_value(value)))
+            kept.append((i, commit))
+        if not records:
+            return codes
+        partition = owned.partition
+        index = partition.tp.partition
+
+        def build(base_offset: int, timestamp: int) -> bytes:
+            return build_batch(
+                [
+                    Record(base_offset + n, timestamp, key, value)
+                    for n, (key, value) in enumerate(records)
+                ],
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                partition_leader_epoch=partition.leader_epoch,
+                transactional=True,
+            )
+
+        try:
+            partition.check_appendable(-1)
+            appended = partition.log.append_from_coordinator(build, partition.leader_epoch)
+            partition.appended()
+            await partition.wait_replicated(
+                appended.last_offset, self.settings.commit_timeout_ms / 1000
+            )
+        except Exception as error:
+            code = error_code_for(error)
+            if code is ErrorCode.UNKNOWN_SERVER_ERROR:
+                log.exception("group %s: transactional commit to %s failed", group_id, partition.tp)
+            code = _STORE_ERRORS.get(
+                code, code if code in _TOO_LARGE else ErrorCode.UNKNOWN_SERVER_ERROR
+            )
+            return [code if c is ErrorCode.NONE else c for c in codes]
+        if self.owned.get(index) is owned:
+            held = self._pending_txn.setdefault((index, producer_id), [])
+            for n, (_, commit) in enumerate(kept):
+                offset = CommittedOffset(
+                    commit.offset,
+                    commit.leader_epoch,
+                    commit.metadata or "",
+                    now,
+                    appended.first_offset + n,
+                )
+                held.append((group_id, commit.topic, commit.partition, offset))
+        return codes
+
+    def transaction_ended(self, index: int, producer_id: int, commit: bool) -> None:
+        """A marker of the producer's transaction is written to __consumer_offsets-index
+        (by this broker as its leader): its offset commits take effect, or are dropped."""
+        held = self._pending_txn.pop((index, producer_id), [])
+        owned = self.owned.get(index)
+        if not commit or owned is None:
+            return
+        for group_id, topic, partition, offset in held:
+            group = self._group(owned, group_id, create=True)
+            assert group is not None
+            group.committed(topic, partition, offset)
+
     def fetch_offsets(
         self, group_id: str, wanted: list[tuple[str, list[int]]] | None
     ) -> dict[tuple[str, int], CommittedOffset | None]:
@@ -619,22 +746,49 @@ def _new_member_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4()}"
 
 
-def _read_partition(partition: Partition) -> list[tuple[int, bytes, bytes | None]]:
-    """Every keyed record of the partition, in order: (offset, key, value)."""
+Keyed = tuple[int, bytes, bytes | None]  # a record of the partition: offset, key, value
+# What _read_partition finds: a record outside any transaction (producer id None), one in a
+# producer's transaction, or that producer's marker (commit: True/False).
+Read = tuple[int | None, Keyed | bool]
+
+
+def _read_partition(partition: Partition) -> list[Read]:
+    """Every keyed record of the partition and every transaction marker, in order."""
     log_ = partition.log
     offset = log_.log_start_offset
     end = log_.log_end_offset
-    out: list[tuple[int, bytes, bytes | None]] = []
+    out: list[Read] = []
     while offset < end:
         read = log_.read(offset, READ_CHUNK, upper_offset=end)
         data = read.records.read()
         if not data:
             break
         for position, header in iter_batches(data):
-            if header.is_control:
-                continue
+            producer = header.producer_id if header.is_transactional else None
             for record in decode_records(data, position, header):
-                if record.key is not None:
-                    out.append((record.offset, record.key, record.value))
+                if header.is_control:
+                    if producer is not None:
+                        out.append((producer, control_type(record.key) == COMMIT))
+                elif record.key is not None:
+                    out.append((producer, (record.offset, record.key, record.value)))
         offset = max(read.next_offset, offset + 1)
     return out
+
+
+def _settle_transactions(read: list[Read]) -> tuple[list[Keyed], dict[int, list[Keyed]]]:
+    """The records that count, in log order — those outside transactions, and those of
+    committed transactions placed at their COMMIT marker — and the records of the
+    transactions still open, by producer id (aborted ones are dropped)."""
+    settled: list[Keyed] = []
+    open_txns: dict[int, list[Keyed]] = {}
+    for producer, item in read:
+        if producer is None:
+            assert not isinstance(item, bool)
+            settled.append(item)
+        elif isinstance(item, bool):
+            ended = open_txns.pop(producer, [])
+            if item:
+                settled.extend(ended)
+        else:
+            open_txns.setdefault(producer, []).append(item)
+    return settled, open_txns

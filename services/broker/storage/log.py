@@ -52,6 +52,8 @@ from directlog.records.batch import (
     NO_TIMESTAMP,
     BatchHeader,
     TimestampType,
+    decode_records,
+    iter_batches,
     stamp_offset_and_epoch,
 )
 from directlog.records.errors import InvalidRecordError
@@ -74,6 +76,7 @@ from services.broker.storage.leader_epochs import (
 )
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.log_layout import LogLayout
+from services.broker.storage.markers import ABORT, build_marker, control_type
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
     PRODUCER_ID_EXPIRATION_MS,
@@ -87,6 +90,7 @@ from services.broker.storage.segment import (
     LogSegment,
     finish_interrupted_swaps,
 )
+from services.broker.storage.txn_index import AbortedTxn, AbortedTxnIndex
 from services.broker.storage.validator import AppendPlan, plan_append, recompressed
 
 log = logging.getLogger(__name__)
@@ -197,6 +201,7 @@ class PartitionLog:
         self.topic_id = topic_id
         self.producers = ProducerStateManager(producer_id_expiration_ms)
         self._producer_snapshots = ProducerSnapshotFiles(directory)
+        self.aborted = AbortedTxnIndex(directory)  # read_committed fetches' aborted list
         self.listeners: list[LogListener] = []
         # Tiered storage: the remote indexes (read-only here) and the offset after the last
         # record they hold at their last reading (-1: none).
@@ -385,6 +390,7 @@ class PartitionLog:
         """Move the high watermark, kept within [log start, log end]; returns it."""
         with self._lock:
             self.high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+            self.producers.forget_replicated(self.high_watermark)
             return self.high_watermark
 
     # Appending -------------------------------------------------------------------------
@@ -418,7 +424,84 @@ class PartitionLog:
                 self._assign_replicated_epochs(plan.epoch_starts)
             self._write([(buf, plan)], leader_epoch)
             self.producers.update_replicated(buf, plan)
+            self._index_aborted(buf)
             return self._appended(plan)
+
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+    ) -> AppendResult:
+        """A leader writes a transaction marker (storage/markers.py) at the log end, ending
+        the producer's open transaction here. Producers may not write control batches, so
+        the marker is built here; an epoch older than the producer's here raises
+        InvalidProducerEpochError."""
+        with self._lock:
+            self.producers.check_marker(producer_id, producer_epoch)
+            return self.append_from_coordinator(
+                lambda base_offset, now: build_marker(
+                    producer_id,
+                    producer_epoch,
+                    commit,
+                    coordinator_epoch,
+                    base_offset,
+                    leader_epoch,
+                    now,
+                ),
+                leader_epoch,
+            )
+
+    def append_from_coordinator(
+        self, build: Callable[[int, int], bytes], leader_epoch: int
+    ) -> AppendResult:
+        """A leader appends a batch a coordinator made — a marker, or a transaction's offset
+        commits carrying the producer's id and epoch but no sequence — built by
+        `build(base offset, now)` at the log end and taken as built: validated as a
+        follower's batch, the producer state applied without the producer checks."""
+        with self._lock:
+            if self._pending:
+                raise ReservationStateError("append while reservations are pending")
+            now = self._clock()
+            buf = build(self.log_end_offset, now)
+            plan = self._plan(buf, leader_epoch, False, now)
+            self._maybe_roll(plan.size, plan.last_offset, plan.max_timestamp, now)
+            if leader_epoch > self.leader_epochs.latest_epoch:
+                self.leader_epochs.assign(leader_epoch, plan.first_offset)
+            self._write([(buf, plan)], leader_epoch)
+            self.producers.update_replicated(buf, plan)
+            self._index_aborted(buf)
+            return self._appended(plan)
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions a read_committed read of [fetch_offset, upper_offset)
+        answers with, so the consumer drops their records."""
+        with self._lock:
+            return self.aborted.collect(fetch_offset, upper_offset)
+
+    def _index_aborted(self, data: Buffer | None) -> None:
+        """Index the aborted transactions among those the batches just applied ended
+        (`data`: those batches; None: read each marker back from the log)."""
+        for producer_id, first_offset, marker_offset in self.producers.take_ended():
+            kind = _marker_type(data, marker_offset) if data is not None else None
+            if kind is None:
+                read = self.read(marker_offset, 1 << 16)
+                kind = _marker_type(read.records.read(), marker_offset)
+            if kind == ABORT:
+                self.aborted.append(
+                    AbortedTxn(producer_id, first_offset, marker_offset, self.last_stable_offset)
+                )
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: below it every transaction is decided on every replica that may
+        lead (the high watermark, or the first offset of a transaction still undecided)."""
+        with self._lock:
+            high_watermark = self.high_watermark
+            unstable = self.producers.first_unstable_offset(high_watermark)
+            return high_watermark if unstable is None else min(unstable, high_watermark)
 
     def append_produced(
         self, bufs: Sequence[Buffer], leader_epoch: int = -1
@@ -637,6 +720,7 @@ class PartitionLog:
                 segment.log.advance(length)
                 segment.committed(plan, position)
                 self.producers.update_replicated(region, plan)
+                self._index_aborted(region)
             finally:
                 region.release()
             return self._appended(plan)
@@ -717,8 +801,12 @@ class PartitionLog:
         end = self.log_end_offset
         self._producer_snapshots.delete_above(end)
         restored = self._producer_snapshots.restore(self.producers, end)
+        # The index entries of the markers replayed below are made again by the replay.
+        self.aborted.truncate_to(0 if restored is None else restored)
         for header in self._batch_headers_from(0 if restored is None else restored):
             self.producers.update(header)
+            if header.is_control:
+                self._index_aborted(None)
         self.producers.drop_before(self.log_start_offset)
         self.producers.expire(self._clock())
 
@@ -738,6 +826,7 @@ class PartitionLog:
         """Snapshot the producer state at the log end (Kafka does at roll and close) so the
         next open rebuilds only from there; keep only the snapshots still worth having."""
         end = self.log_end_offset
+        self.aborted.flush()  # entries below a snapshot are not made again on load
         self._producer_snapshots.write(end, self.producers.snapshot(end))
         # A tiered log keeps the snapshot at the end of every segment not yet copied: the
         # tiering service ships it with the segment.
@@ -1185,6 +1274,7 @@ class PartitionLog:
         self.leader_epochs.truncate_from_start(offset)
         self.producers.drop_before(offset)
         self._producer_snapshots.delete_below(offset)
+        self.aborted.drop_below(offset)
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch holding offsets >= offset, as a follower does when it diverged
@@ -1233,6 +1323,7 @@ class PartitionLog:
         self.leader_epochs.clear()
         self.producers.clear()
         self._producer_snapshots.delete_all()
+        self.aborted.clear()
         self._after_truncation()
 
     def _removing(self, segments: list[LogSegment]) -> None:
@@ -1289,6 +1380,15 @@ class _Planned(NamedTuple):
     plan: AppendPlan
     producers: ProducerAppend | None  # the idempotent state to complete after the write
     answer: int  # its place among the answers
+
+
+def _marker_type(data: Buffer, offset: int) -> int | None:
+    """The ControlRecordType of the control batch at `offset` in `data`, if it is there."""
+    for position, header in iter_batches(data):
+        if header.base_offset == offset and header.is_control:
+            for record in decode_records(data, position, header):
+                return control_type(record.key)
+    return None
 
 
 def _result(plan: AppendPlan) -> AppendResult:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import struct
 from bisect import insort
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -29,7 +30,7 @@ from typing import NamedTuple
 from crc32c import crc32c
 
 from directlog.durable_files import write_atomically
-from directlog.records.batch import ATTRIBUTES_AT, CONTROL_FLAG, BatchHeader
+from directlog.records.batch import ATTRIBUTES_AT, CONTROL_FLAG, TRANSACTIONAL_FLAG, BatchHeader
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
 from services.broker.storage.errors import (
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms, a broker setting
 BATCHES_PER_PRODUCER = 5  # Kafka's ProducerStateEntry.NumBatchesToRetain
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2 adds each producer's open transaction; 1 is still read
 SNAPSHOTS_KEPT = 2  # newest snapshots kept, besides the one a crash recovery may need
 
 _INT32_MAX = (1 << 31) - 1
@@ -56,7 +57,8 @@ assert ATTRIBUTES_AT + _ATTRIBUTES_AND_PRODUCER.size == _PRODUCER_ID_AT + _PRODU
 # Snapshot file layout (docs/formats.md, "Producer state snapshots").
 _SNAPSHOT_HEADER = struct.Struct(">hIqi")  # version, crc, offset, producer count
 _CRC_FROM = 6  # the CRC32C covers every byte after the crc field
-_SNAPSHOT_ENTRY = struct.Struct(">qhqb")  # producer id, epoch, last timestamp, batch count
+_SNAPSHOT_ENTRY_V1 = struct.Struct(">qhqb")  # producer id, epoch, last timestamp, batch count
+_SNAPSHOT_ENTRY = struct.Struct(">qhqbq")  # v2: and the open transaction's first offset
 _SNAPSHOT_BATCH = struct.Struct(">iiqqq")  # first/last sequence, first/last offset, max ts
 
 
@@ -77,6 +79,9 @@ class ProducerEntry:
     producer_epoch: int
     last_timestamp: int  # max timestamp of its latest batch: what expiry compares
     batches: list[BatchMetadata] = field(default_factory=list)  # oldest first, at most 5
+    # Offset of its open transaction's first batch here (KIP-98), -1 when none is open:
+    # the last stable offset stays at or below it until the transaction's marker.
+    txn_first_offset: int = -1
 
     @property
     def last_sequence(self) -> int:
@@ -88,7 +93,9 @@ class ProducerEntry:
         return self.batches[-1].last_offset if self.batches else -1
 
     def copy(self) -> ProducerEntry:
-        return ProducerEntry(self.producer_epoch, self.last_timestamp, list(self.batches))
+        return ProducerEntry(
+            self.producer_epoch, self.last_timestamp, list(self.batches), self.txn_first_offset
+        )
 
     def add(self, epoch: int, timestamp: int, batch: BatchMetadata | None) -> None:
         """Record a batch (None: a control batch, which moves only epoch and time). A new
@@ -118,6 +125,13 @@ class ProducerStateManager:
     def __init__(self, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS) -> None:
         self.expiration_ms = expiration_ms
         self._producers: dict[int, ProducerEntry] = {}
+        self._open_txns: dict[int, int] = {}  # producer id -> its open transaction's first offset
+        # Transactions a marker ended, as (first offset, marker offset) in marker order, until
+        # the high watermark passes the marker: until then a new leader might not have it.
+        self._unreplicated: deque[tuple[int, int]] = deque()
+        # Transactions markers ended since the log last asked (take_ended), as (producer
+        # id, first offset, marker offset): the log indexes the aborted ones.
+        self._ended: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -145,7 +159,9 @@ class ProducerStateManager:
     ) -> ProducerAppend:
         updates: dict[int, ProducerEntry] = {}
         for batch in batches:
-            producer_id, epoch, first = _PRODUCER.unpack_from(buf, batch.position + _PRODUCER_ID_AT)
+            attributes, producer_id, epoch, first = _ATTRIBUTES_AND_PRODUCER.unpack_from(
+                buf, batch.position + ATTRIBUTES_AT
+            )
             if producer_id < 0:
                 continue
             if first < 0:
@@ -166,12 +182,47 @@ class ProducerStateManager:
             metadata = BatchMetadata(
                 first, last, batch.base_offset, batch.last_offset, batch.max_timestamp
             )
-            updates[producer_id].add(epoch, batch.max_timestamp, metadata)
+            updated = updates[producer_id]
+            updated.add(epoch, batch.max_timestamp, metadata)
+            if attributes & TRANSACTIONAL_FLAG and updated.txn_first_offset < 0:
+                updated.txn_first_offset = batch.base_offset
         return ProducerAppend(updates)
 
     def complete(self, append: ProducerAppend) -> None:
         """The batches check_append passed are in the log: make their state current."""
         self._producers.update(append.updates)
+        for producer_id, entry in append.updates.items():
+            if entry.txn_first_offset >= 0:
+                self._open_txns[producer_id] = entry.txn_first_offset
+
+    def check_marker(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker of a producer epoch older than the partition has seen
+        comes from a fenced coordinator or a stale request: InvalidProducerEpochError."""
+        entry = self._producers.get(producer_id)
+        if entry is not None and epoch < entry.producer_epoch:
+            raise InvalidProducerEpochError(
+                f"producer id {producer_id}: marker epoch {epoch} is older than its epoch "
+                f"{entry.producer_epoch} in this partition"
+            )
+
+    def take_ended(self) -> list[tuple[int, int, int]]:
+        """The transactions ended by the markers applied since the last call."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def forget_replicated(self, high_watermark: int) -> None:
+        """The high watermark moved: forget the ended transactions whose marker it passed."""
+        while self._unreplicated and self._unreplicated[0][1] < high_watermark:
+            self._unreplicated.popleft()
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of a transaction not yet known decided by every replica that
+        may lead: one still open, or ended by a marker at or above the high watermark.
+        The last stable offset is this or the high watermark, whichever is lower."""
+        self.forget_replicated(high_watermark)
+        firsts = [first for first, _ in self._unreplicated]
+        firsts.extend(self._open_txns.values())
+        return min(firsts) if firsts else None
 
     # Followers and recovery --------------------------------------------------------------
 
@@ -192,7 +243,7 @@ class ProducerStateManager:
                 batch.base_offset,
                 batch.last_offset,
                 batch.max_timestamp,
-                bool(attributes & CONTROL_FLAG),
+                attributes,
             )
 
     def update(self, header: BatchHeader) -> None:
@@ -205,7 +256,7 @@ class ProducerStateManager:
                 header.base_offset,
                 header.last_offset,
                 header.max_timestamp,
-                header.is_control,
+                header.attributes,
             )
 
     def _replay(
@@ -216,15 +267,24 @@ class ProducerStateManager:
         first_offset: int,
         last_offset: int,
         max_timestamp: int,
-        control: bool,
+        attributes: int,
     ) -> None:
         entry = self._producers.get(producer_id)
         if entry is None:
             entry = self._producers[producer_id] = ProducerEntry(epoch, max_timestamp)
         metadata = None
-        if not control:
+        if attributes & CONTROL_FLAG:  # a transaction marker ends the open transaction
+            if entry.txn_first_offset >= 0:
+                self._unreplicated.append((entry.txn_first_offset, last_offset))
+                self._ended.append((producer_id, entry.txn_first_offset, last_offset))
+            entry.txn_first_offset = -1
+            self._open_txns.pop(producer_id, None)
+        else:
             last = _add_sequence(first, last_offset - first_offset)
             metadata = BatchMetadata(first, last, first_offset, last_offset, max_timestamp)
+            if attributes & TRANSACTIONAL_FLAG and entry.txn_first_offset < 0:
+                entry.txn_first_offset = first_offset
+                self._open_txns[producer_id] = first_offset
         entry.add(epoch, max_timestamp, metadata)
 
     # Forgetting --------------------------------------------------------------------------
@@ -232,7 +292,13 @@ class ProducerStateManager:
     def expire(self, now_ms: int) -> int:
         """Drop producers whose latest batch is producer.id.expiration.ms old; how many."""
         limit = now_ms - self.expiration_ms
-        return self._drop([pid for pid, e in self._producers.items() if e.last_timestamp <= limit])
+        return self._drop(
+            [
+                pid
+                for pid, e in self._producers.items()
+                if e.last_timestamp <= limit and e.txn_first_offset < 0  # none left open
+            ]
+        )
 
     def drop_before(self, log_start_offset: int) -> int:
         """Drop producers whose last batch lies below the log start (retention deleted it,
@@ -244,10 +310,14 @@ class ProducerStateManager:
     def _drop(self, producer_ids: list[int]) -> int:
         for producer_id in producer_ids:
             del self._producers[producer_id]
+            self._open_txns.pop(producer_id, None)
         return len(producer_ids)
 
     def clear(self) -> None:
         self._producers.clear()
+        self._open_txns.clear()
+        self._unreplicated.clear()
+        self._ended.clear()
 
     # Snapshots ---------------------------------------------------------------------------
 
@@ -256,7 +326,11 @@ class ProducerStateManager:
         body = bytearray()
         for producer_id, entry in sorted(self._producers.items()):
             body += _SNAPSHOT_ENTRY.pack(
-                producer_id, entry.producer_epoch, entry.last_timestamp, len(entry.batches)
+                producer_id,
+                entry.producer_epoch,
+                entry.last_timestamp,
+                len(entry.batches),
+                entry.txn_first_offset,
             )
             for batch in entry.batches:
                 body += _SNAPSHOT_BATCH.pack(*batch)
@@ -269,6 +343,11 @@ class ProducerStateManager:
         """Replace the state with a snapshot's, checked whole first (ValueError if it is
         not a sound snapshot taken at `offset`; the state is then unchanged)."""
         self._producers = _decode_snapshot(offset, data)
+        self._open_txns = {
+            pid: e.txn_first_offset for pid, e in self._producers.items() if e.txn_first_offset >= 0
+        }
+        self._unreplicated.clear()
+        self._ended.clear()
 
 
 def _add_sequence(sequence: int, increment: int) -> int:
@@ -313,8 +392,9 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
     if len(data) < _SNAPSHOT_HEADER.size:
         raise ValueError(f"{len(data)} bytes, shorter than the {_SNAPSHOT_HEADER.size}-byte header")
     version, crc, stored_offset, count = _SNAPSHOT_HEADER.unpack_from(data)
-    if version != SNAPSHOT_VERSION:
+    if version not in (1, SNAPSHOT_VERSION):
         raise ValueError(f"unknown version {version}")
+    layout = _SNAPSHOT_ENTRY if version == SNAPSHOT_VERSION else _SNAPSHOT_ENTRY_V1
     computed = crc32c(memoryview(data)[_CRC_FROM:])
     if computed != crc:
         raise ValueError(f"CRC32C is {computed:#010x}, header says {crc:#010x}")
@@ -323,12 +403,11 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
     producers: dict[int, ProducerEntry] = {}
     position = _SNAPSHOT_HEADER.size
     for _ in range(count):
-        if position + _SNAPSHOT_ENTRY.size > len(data):
+        if position + layout.size > len(data):
             raise ValueError(f"ends inside the entry at byte {position}")
-        producer_id, epoch, last_timestamp, batch_count = _SNAPSHOT_ENTRY.unpack_from(
-            data, position
-        )
-        position += _SNAPSHOT_ENTRY.size
+        producer_id, epoch, last_timestamp, batch_count, *txn = layout.unpack_from(data, position)
+        txn_first_offset = txn[0] if txn else -1
+        position += layout.size
         if producer_id < 0 or producer_id in producers:
             raise ValueError(f"producer id {producer_id} is negative or repeated")
         if not 0 <= batch_count <= BATCHES_PER_PRODUCER:
@@ -343,7 +422,9 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
         position = end
         if any(not 0 <= b.first_offset <= b.last_offset < offset for b in batches):
             raise ValueError(f"producer id {producer_id}: batch offsets outside [0, {offset})")
-        producers[producer_id] = ProducerEntry(epoch, last_timestamp, batches)
+        if not -1 <= txn_first_offset < offset:
+            raise ValueError(f"producer id {producer_id}: open transaction at {txn_first_offset}")
+        producers[producer_id] = ProducerEntry(epoch, last_timestamp, batches, txn_first_offset)
     if position != len(data):
         raise ValueError(f"{len(data) - position} bytes after the last of {count} entries")
     return producers

@@ -148,7 +148,9 @@ def _hosted(tp: TopicPartition, partition: Partition) -> tpb.HostedPartition:
         configs=partition.config.to_properties(),
         log_start_offset=partition_log.log_start_offset,
         local_log_start_offset=partition_log.local_log_start_offset,
-        high_watermark=partition_log.high_watermark,
+        # The last stable offset, as Kafka's copies stop there (KIP-405 with KIP-98): an open
+        # transaction's records are not copied until it is decided.
+        high_watermark=partition_log.last_stable_offset,
         log_end_offset=partition_log.log_end_offset,
         segments=[
             tpb.LocalSegment(

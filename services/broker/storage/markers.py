@@ -1,0 +1,55 @@
+"""Transaction markers: the control batches that end a transaction in each of its partitions
+(KIP-98; docs/transactions.md, "Markers").
+
+A marker is a batch with the transactional and control attributes set, the producer id and
+epoch of the transaction, base sequence -1 and one record whose key is the
+ControlRecordType (int16 version 0, int16 type: 0 abort, 1 commit) and whose value is the
+EndTransactionMarker (int16 version 0, int32 coordinator epoch).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from directlog.records.batch import Record, build_batch
+from directlog.records.errors import CorruptRecordError
+
+ABORT, COMMIT = 0, 1  # ControlRecordType
+_KEY = struct.Struct(">hh")  # version, type
+_VALUE = struct.Struct(">hi")  # version, coordinator epoch
+
+
+def build_marker(
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    coordinator_epoch: int,
+    base_offset: int,
+    leader_epoch: int,
+    timestamp: int,
+) -> bytes:
+    record = Record(
+        base_offset,
+        timestamp,
+        _KEY.pack(0, COMMIT if commit else ABORT),
+        _VALUE.pack(0, coordinator_epoch),
+    )
+    return build_batch(
+        [record],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        partition_leader_epoch=leader_epoch,
+        transactional=True,
+        control=True,
+    )
+
+
+def control_type(key: bytes | None) -> int:
+    """The ControlRecordType of a control record's key (ABORT or COMMIT; Kafka ignores
+    unknown types, so any other number is returned as it is)."""
+    if key is None or len(key) < _KEY.size:
+        raise CorruptRecordError(f"control record key of {0 if key is None else len(key)} bytes")
+    version, kind = _KEY.unpack_from(key)
+    if version < 0:
+        raise CorruptRecordError(f"control record key version {version}")
+    return int(kind)
