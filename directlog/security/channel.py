@@ -15,11 +15,11 @@ import contextlib
 import os
 import socket
 import ssl
-from typing import cast
 
 from cryptography import x509
 
 _SEND_CHUNK = 256 * 1024  # plaintext bytes encrypted per write: bounds the output buffer
+_EDGE_CHUNK = 32 * 1024  # a file region's first and last writes: the peer waits for these
 _RECEIVE = 256 * 1024  # ciphertext bytes received per socket read
 
 
@@ -92,7 +92,7 @@ class TlsChannel(Channel):
             self._incoming, self._outgoing, server_side=server_side, server_hostname=server_hostname
         )
         self._raw = bytearray(_RECEIVE)
-        self._plain: bytearray | None = None  # file bytes read for sendfile, made once
+        self._plain: memoryview | None = None  # file bytes read for sendfile, made once
 
     async def handshake(self) -> None:
         while True:
@@ -115,11 +115,12 @@ class TlsChannel(Channel):
         size, filled = len(buffer), 0
         while filled < size:
             try:
-                read = cast(int, self._tls.read(size - filled, buffer[filled:]))  # a count
+                read: int = self._tls.read(size - filled, buffer[filled:])  # type: ignore[assignment]
             except ssl.SSLWantReadError:
                 if filled:
                     break
-                await self._flush()  # TLS 1.3 may answer a key update while reading
+                if self._outgoing.pending:  # TLS 1.3 answers a key update while reading
+                    await self._flush()
                 if not await self._fill():
                     return 0
                 continue
@@ -140,18 +141,23 @@ class TlsChannel(Channel):
 
     async def sendfile(self, fd: int, offset: int, count: int) -> None:
         """The file's bytes read in bounded chunks and encrypted: TLS cannot use sendfile.
-        One buffer serves every call (a connection sends one answer at a time)."""
+        The chunks grow from a small first one and shrink to a small last one: a consumer
+        waits for a whole fetch answer, and decrypts each chunk while the next is
+        encrypted, so only the first and the last are waited for. One buffer serves every
+        call (a connection sends one answer at a time)."""
         if self._plain is None:
-            self._plain = bytearray(_SEND_CHUNK)
-        buffer = self._plain
+            self._plain = memoryview(bytearray(_SEND_CHUNK))
+        buffer, step = self._plain, _EDGE_CHUNK
         while count:
-            size = min(count, len(buffer))
-            read = os.preadv(fd, [memoryview(buffer)[:size]], offset)
+            size = min(step, max(count // 2, _EDGE_CHUNK), count)
+            read = os.preadv(fd, [buffer[:size]], offset)
             if read == 0:
                 raise ConnectionError("the file ended before the bytes to send did")
-            await self.sendall(memoryview(buffer)[:read])
+            self._tls.write(buffer[:read])
+            await self._flush()
             offset += read
             count -= read
+            step = min(2 * step, _SEND_CHUNK)
 
     def peer_subject(self) -> str | None:
         der = self._tls.getpeercert(binary_form=True)

@@ -122,6 +122,31 @@ def test_a_file_region_sent_encrypted(pki: tuple[TlsFiles, TlsFiles], tmp_path: 
     run(test)
 
 
+@pytest.mark.parametrize("count", [1, 32 * 1024 - 1, 32 * 1024, 32 * 1024 + 1, 1 << 20, 1_300_007])
+def test_file_regions_of_every_size_arrive_whole(
+    pki: tuple[TlsFiles, TlsFiles], tmp_path: Path, count: int
+) -> None:
+    """sendfile's chunks grow, then shrink towards the region's end: every size, first and
+    last chunks included, arrives whole and in order, and the next answer follows it."""
+    content = os.urandom(count + 10)
+    path = tmp_path / "segment"
+    path.write_bytes(content)
+
+    async def test(left: socket.socket, right: socket.socket) -> None:
+        server, client = await connected(pki, left, right)
+        with path.open("rb") as file:
+
+            async def answer() -> None:
+                await server.sendfile(file.fileno(), 7, count)
+                await server.sendall(b"next")
+
+            sending = asyncio.ensure_future(answer())
+            assert await received(client, count + 4) == content[7 : 7 + count] + b"next"
+            await sending
+
+    run(test)
+
+
 def test_plaintext_to_a_tls_server_fails_the_handshake(pki: tuple[TlsFiles, TlsFiles]) -> None:
     async def test(left: socket.socket, right: socket.socket) -> None:
         server = TlsChannel(left, server_context(pki[0]), server_side=True)
