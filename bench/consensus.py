@@ -3,6 +3,7 @@ side by side in one run.
 
     python -m bench.consensus [--only ours|zookeeper ...] [--seconds S] [--rounds N]
                               [--force-sync yes|no] [--window W] [--warmup S] [--keep]
+                              [--observers] [--reconfig] [--skip-default]
 
 Ensembles (each selectable with `--only`, which may be repeated; both by default), three
 members each on 127.0.0.1, free ports, a temporary data directory on the same disk
@@ -45,6 +46,37 @@ clients connects to the K-th member (sorted by id) modulo 3.
   the ensemble waits for three members in service before the next round; the median
   round counts.
 
+Two more parts, each on ensembles of its own, after the default figures (`--skip-default`
+leaves those out):
+
+* `--observers` (issue 28): two ensembles run side by side, 3 voters and the same 3
+  voters plus 2 observers (ZooKeeper: `peerType=observer` and `:observer` on their
+  server.N lines; ours: `role: observer`); 5 clients, the K-th on the K-th member modulo
+  the member count (so one on every member of the bigger one, as a user listing every
+  member in a connect string would spread them), run pipelined getData and setData, one
+  round of each on each ensemble in turn, best round counting:
+  reads_3voters_per_s, reads_with_observers_per_s, reads_ratio_observers (the second over
+  the first), and the same for writes. Issue 28's goal is per system: reads_ratio_observers
+  at least 1.5 with writes_ratio_observers at least 0.9. This machine cannot judge it: on
+  two cores shared by five members and five clients, two more members bring no CPU of
+  their own, so reads cannot grow with the members (the run says so, with the cores used
+  in every line); ours/zookeeper of each figure is still a fair comparison.
+* `--reconfig`: 3 voters with reconfig enabled (ZooKeeper: `reconfigEnabled=true`,
+  `-Dzookeeper.DigestAuthenticationProvider.superDigest`, client addresses on the
+  server.N lines; ours: `reconfig_enabled`, `super_digest`), the client authenticated as
+  that super user (digest auth, before the clock starts), and a fourth voter started with
+  their config plus itself; once it is up (ZooKeeper's must first follow the leader as a
+  non-voting follower, as its procedure says; ours serves no one before it is added), a
+  client on a follower sends an incremental reconfig adding it (joiningServers
+  `server.4=...`) and, once the joiner serves as a follower, one removing it
+  (leavingServers `4`); the figures reconfig_add_ms and reconfig_remove_ms are the
+  median times from the request to its reply (ZooKeeper replies once the new config is
+  committed; a NEWCONFIGNOQUORUM answer, the leader not yet seeing a quorum of the new
+  voters synced, is retried and not timed). Each round starts the joiner afresh. A probe
+  comes first: a reconfig from a config version no ensemble has, which a server
+  implementing reconfig refuses with BADVERSION, changing nothing; any other answer
+  (UNIMPLEMENTED, a closed connection) is reported as "not available", with no figure.
+
 Before the measured rounds, `--warmup` seconds of pipelined writes and then of reads
 (4 clients, untimed) let ZooKeeper's JIT compile its hot paths; without them the first
 round of every ZooKeeper figure comes out 30-50 % low. Rounds are interleaved (one round
@@ -70,7 +102,9 @@ failover: lower is better). The same JSON is written to bench/results/consensus.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import queue
@@ -98,7 +132,18 @@ from bench.processes import (
     save_results,
     stop,
 )
-from bench.zk_load import Job, Outcome, ensure_nodes, noop_server_main, worker_main
+from bench.zk_load import (
+    ConnectionLostError,
+    Job,
+    Outcome,
+    Reconfigured,
+    ensure_nodes,
+    err_name,
+    noop_server_main,
+    reconfig,
+    worker_main,
+)
+from services.consensus.codes import ErrorCode
 from services.consensus.fourletter import mode_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +166,34 @@ ZOOKEEPER_ANCHORS: Figures = {
     "writes_4clients_per_s": 12_000,
     "failover_s": 1.8,
 }
-LOWER_IS_BETTER = ("seq_write_p50_ms", "seq_write_p99_ms", "failover_s")
+OBSERVERS = 2
+OBSERVER_CLIENTS = MEMBERS + OBSERVERS  # one per member of the bigger ensemble
+OBSERVER_FIGURES = (
+    "reads_3voters_per_s",
+    "reads_with_observers_per_s",
+    "reads_ratio_observers",
+    "writes_3voters_per_s",
+    "writes_with_observers_per_s",
+    "writes_ratio_observers",
+)
+# Issue 28's goal, per system: observers multiply reads, and writes keep their rate.
+OBSERVER_GOALS = {"reads_ratio_observers": 1.5, "writes_ratio_observers": 0.9}
+RECONFIG_FIGURES = ("reconfig_add_ms", "reconfig_remove_ms")
+# A config version no ensemble has: a reconfig from it is refused with BADVERSION by a
+# server that implements reconfig, before anything changes (the probe of `--reconfig`).
+PROBE_CONFIG_ID = 0x7FFF_FFFF_FFFF_FFFF
+# Reconfig needs a super user on both systems: ZooKeeper's
+# DigestAuthenticationProvider.superDigest and our super_digest hold this digest.
+SUPER_AUTH = b"super:bench"
+SUPER_DIGEST = "super:" + base64.b64encode(hashlib.sha1(SUPER_AUTH).digest()).decode()
+NEW_CONFIG_RETRY_SECONDS = 30.0  # NEWCONFIGNOQUORUM (new voters not yet synced): try again
+LOWER_IS_BETTER = (
+    "seq_write_p50_ms",
+    "seq_write_p99_ms",
+    "failover_s",
+    "reconfig_add_ms",
+    "reconfig_remove_ms",
+)
 STARTUP_SECONDS = 60.0
 FAILOVER_LIMIT_SECONDS = 30.0
 ZK_JARS = (
@@ -168,15 +240,64 @@ class Member:
         return ("127.0.0.1", self.client_port)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Who an ensemble holds: members 1..voters vote, the next `observers` observe. With
+    `joiner`, one more voter (the next id) is configured but not started with the rest:
+    the reconfig workload starts it with the ensemble's config plus itself, adds it with
+    reconfig, then removes it. `label` names the ensemble's directory."""
+
+    label: str
+    voters: int = MEMBERS
+    observers: int = 0
+    joiner: bool = False
+
+    @property
+    def members(self) -> int:
+        return self.voters + self.observers
+
+    def observer(self, member_id: int) -> bool:
+        return self.voters < member_id <= self.members
+
+
+@dataclass
+class Joiner:
+    """The voter a reconfig adds: `prepare` wipes its data and writes its config (the
+    ensemble's members plus itself) and returns it, ready to start; `spec` is its
+    server.N line as a reconfig's joiningServers carries it. `follows_first`: it syncs
+    with the leader as a non-voting follower before it is added, and must have done so
+    (ZooKeeper's procedure), rather than serving nobody until then (ours)."""
+
+    id: int
+    spec: str
+    prepare: Callable[[], Member]
+    follows_first: bool
+
+
 @dataclass
 class Ensemble:
     name: str
     members: dict[int, Member]
     env: dict[str, str] | None = None
     cpu_marks: dict[int, float] = field(default_factory=dict)
+    joiner: Joiner | None = None
+    joined: Member | None = None  # the joiner while it runs
 
     def start(self, member_id: int) -> None:
-        member = self.members[member_id]
+        self._spawn(self.members[member_id])
+
+    def start_joiner(self) -> Member:
+        assert self.joiner is not None and self.joined is None
+        self.joined = self.joiner.prepare()
+        self._spawn(self.joined)
+        return self.joined
+
+    def stop_joiner(self) -> None:
+        if self.joined is not None and self.joined.proc is not None:
+            stop(self.joined.proc)
+        self.joined = None
+
+    def _spawn(self, member: Member) -> None:
         with member.log.open("ab") as out:
             member.proc = subprocess.Popen(
                 member.argv,
@@ -188,6 +309,7 @@ class Ensemble:
             )
 
     def stop_all(self) -> None:
+        self.stop_joiner()
         for member in self.members.values():
             if member.proc is not None:
                 stop(member.proc)
@@ -245,8 +367,13 @@ def running(ensemble: Ensemble) -> Iterator[Ensemble]:
         ensemble.stop_all()
 
 
-def zookeeper_ensemble(workdir: Path, force_sync: bool) -> Ensemble:
-    """Three ZooKeeper 3.8 members: zoo.cfg, myid and log4j.properties in a dir each."""
+def zookeeper_ensemble(workdir: Path, force_sync: bool, layout: Layout | None = None) -> Ensemble:
+    """ZooKeeper 3.8 members: zoo.cfg, myid and log4j.properties in a dir each. An observer
+    has `peerType=observer` and `:observer` ends its server.N line in every zoo.cfg. With a
+    joiner, reconfig is enabled (`reconfigEnabled=true`, and the super user's digest) and
+    each server.N line carries the member's client address, as reconfig wants (ZooKeeper
+    moves the lines to a dynamic config file on its first start)."""
+    layout = layout or Layout("zookeeper")
     java = shutil.which("java")
     missing = [jar for jar in ZK_JARS if not Path(jar).is_file()]
     if java is None or missing:
@@ -254,29 +381,34 @@ def zookeeper_ensemble(workdir: Path, force_sync: bool) -> Ensemble:
             f"ZooKeeper not installed (java={java}, missing {missing}): "
             "apt-get install -y zookeeper"
         )
-    ports = free_ports(3 * MEMBERS)
-    servers = [
-        f"server.{i}=127.0.0.1:{ports[MEMBERS + i - 1]}:{ports[2 * MEMBERS + i - 1]}"
-        for i in range(1, MEMBERS + 1)
-    ]
-    members = {}
-    for i in range(1, MEMBERS + 1):
-        home = workdir / "zookeeper" / str(i)
+    count = layout.members + layout.joiner
+    ports = free_ports(3 * count)
+
+    def server(i: int) -> str:
+        line = f"server.{i}=127.0.0.1:{ports[count + i - 1]}:{ports[2 * count + i - 1]}"
+        line += ":observer" if layout.observer(i) else ":participant" if layout.joiner else ""
+        return line + (f";127.0.0.1:{ports[i - 1]}" if layout.joiner else "")
+
+    servers = [server(i) for i in range(1, layout.members + 1)]
+
+    def member(i: int, servers: list[str]) -> Member:
+        home = workdir / layout.label / str(i)
+        shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         (home / "myid").write_text(f"{i}\n")
-        cfg = [
-            "tickTime=2000",
-            "initLimit=10",
-            "syncLimit=5",
-            f"dataDir={home}",
-            f"clientPort={ports[i - 1]}",
-            "clientPortAddress=127.0.0.1",
+        cfg = ["tickTime=2000", "initLimit=10", "syncLimit=5", f"dataDir={home}"]
+        if not layout.joiner:
+            cfg += [f"clientPort={ports[i - 1]}", "clientPortAddress=127.0.0.1"]
+        cfg += [
             f"forceSync={'yes' if force_sync else 'no'}",
             "4lw.commands.whitelist=*",
             "admin.enableServer=false",
-            *servers,
         ]
-        (home / "zoo.cfg").write_text("\n".join(cfg) + "\n")
+        if layout.observer(i):
+            cfg.append("peerType=observer")
+        if layout.joiner:
+            cfg.append("reconfigEnabled=true")
+        (home / "zoo.cfg").write_text("\n".join([*cfg, *servers]) + "\n")
         log = home / "zookeeper.log"
         (home / "log4j.properties").write_text(
             "log4j.rootLogger=INFO, FILE\n"
@@ -286,41 +418,80 @@ def zookeeper_ensemble(workdir: Path, force_sync: bool) -> Ensemble:
             "log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1} - %m%n\n"
         )
         argv = [java, "-Xmx1000m", f"-Dlog4j.configuration=file:{home / 'log4j.properties'}"]
+        if layout.joiner:
+            argv.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={SUPER_DIGEST}")
         argv += [f"-Dzookeeper.log.dir={home}", "-cp", ":".join(ZK_JARS), ZK_MAIN]
         argv.append(str(home / "zoo.cfg"))
         # The process's own stdout/stderr (JVM warnings) go to a file beside the log.
-        members[i] = Member(i, ports[i - 1], argv, home / "console.log")
-    return Ensemble("zookeeper", members)
+        return Member(i, ports[i - 1], argv, home / "console.log")
+
+    members = {i: member(i, servers) for i in range(1, layout.members + 1)}
+    joiner = None
+    if layout.joiner:
+        j = count
+        joiner = Joiner(j, server(j), lambda: member(j, [*servers, server(j)]), True)
+    return Ensemble("zookeeper", members, joiner=joiner)
 
 
-def ours_ensemble(workdir: Path, force_sync: bool) -> Ensemble:
-    """Three `python -m services.consensus` members sharing one YAML file."""
+def ours_ensemble(workdir: Path, force_sync: bool, layout: Layout | None = None) -> Ensemble:
+    """`python -m services.consensus` members sharing one YAML file; an observer has
+    `role: observer`. With a joiner, reconfig is enabled (with the super user's digest)
+    and the joiner gets a second file: the members plus itself."""
+    layout = layout or Layout("ours")
     if not (ROOT / "services" / "consensus" / "__main__.py").is_file():
         raise BenchError("services/consensus/__main__.py does not exist yet")
-    home = workdir / "ours"
+    home = workdir / layout.label
     home.mkdir()
-    ports = free_ports(3 * MEMBERS)
-    lines = ["members:"]
-    for i in range(1, MEMBERS + 1):
-        client, peer, metrics = ports[i - 1], ports[MEMBERS + i - 1], ports[2 * MEMBERS + i - 1]
-        lines.append(
-            f'  {i}: {{client: "127.0.0.1:{client}", peer: "127.0.0.1:{peer}", '
-            f'metrics: "127.0.0.1:{metrics}"}}'
-        )
-    lines += [f"data_dir: {home / 'consensus'}", f"force_sync: {str(force_sync).lower()}"]
-    config = home / "consensus.yaml"
-    config.write_text("\n".join(lines) + "\n")
+    count = layout.members + layout.joiner
+    ports = free_ports(3 * count)
+
+    def config(path: Path, ids: range) -> Path:
+        lines = ["members:"]
+        for i in ids:
+            client, peer, metrics = ports[i - 1], ports[count + i - 1], ports[2 * count + i - 1]
+            role = ", role: observer" if layout.observer(i) else ""
+            lines.append(
+                f'  {i}: {{client: "127.0.0.1:{client}", peer: "127.0.0.1:{peer}", '
+                f'metrics: "127.0.0.1:{metrics}"{role}}}'
+            )
+        lines += [f"data_dir: {home / 'consensus'}", f"force_sync: {str(force_sync).lower()}"]
+        if layout.joiner:
+            lines += ["reconfig_enabled: true", f'super_digest: "{SUPER_DIGEST}"']
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIRECTLOG_CONSENSUS_")}
-    members = {
-        i: Member(
-            i,
-            ports[i - 1],
-            [sys.executable, "-m", "services.consensus", "--id", str(i), "--config", str(config)],
-            home / f"member-{i}.log",
+
+    def member(i: int, config: Path) -> Member:
+        argv = [sys.executable, "-m", "services.consensus", "--id", str(i), "--config"]
+        return Member(i, ports[i - 1], [*argv, str(config)], home / f"member-{i}.log")
+
+    shared = config(home / "consensus.yaml", range(1, layout.members + 1))
+    members = {i: member(i, shared) for i in range(1, layout.members + 1)}
+    joiner = None
+    if layout.joiner:
+        j = count
+        joined = config(home / "consensus-joiner.yaml", range(1, count + 1))
+
+        def prepare() -> Member:
+            shutil.rmtree(home / "consensus" / str(j), ignore_errors=True)
+            return member(j, joined)
+
+        # ZooKeeper's server.N syntax; our members have one peer port, named twice.
+        peer = f"127.0.0.1:{ports[count + j - 1]}"
+        joiner = Joiner(
+            j,
+            f"server.{j}={peer}:{ports[count + j - 1]}:participant;127.0.0.1:{ports[j - 1]}",
+            prepare,
+            False,
         )
-        for i in range(1, MEMBERS + 1)
-    }
-    return Ensemble("ours", members, env=env)
+    return Ensemble("ours", members, env=env, joiner=joiner)
+
+
+BUILDERS: dict[str, Callable[[Path, bool, Layout | None], Ensemble]] = {
+    "zookeeper": zookeeper_ensemble,
+    "ours": ours_ensemble,
+}
 
 
 # --- running workers -----------------------------------------------------------------------
@@ -486,19 +657,14 @@ def bench_ensemble(
 
     def throughput(figure: str, kind: str, addresses: list[tuple[str, int]], rnd: int) -> None:
         run = run_workers(pipelined(kind, addresses, args), ensemble)
-        cores = (
-            f"cores: servers {run.server_cores:4.2f} (busiest {run.busiest_member_cores:4.2f}) "
-            f"client {run.client_cores:4.2f} "
-            f"other {run.other_cores:4.2f}"
+        print(
+            f"[{name}] {figure:24} round {rnd}: {run.rate:10,.0f}/s  {cores_text(run)}",
+            flush=True,
         )
-        print(f"[{name}] {figure:24} round {rnd}: {run.rate:10,.0f}/s  {cores}", flush=True)
         if (figures[figure] or 0.0) < run.rate:
             figures[figure] = run.rate
             diagnostics[figure] = {
-                "client_cores": round(run.client_cores, 3),
-                "server_cores": round(run.server_cores, 3),
-                "busiest_member_cores": round(run.busiest_member_cores, 3),
-                "other_cores": round(run.other_cores, 3),
+                **run_diagnostics(run),
                 "client_cpu_us_per_op": round(
                     1e6 * sum(o.cpu_seconds for o in run.outcomes) / max(run.ops, 1), 2
                 ),
@@ -550,6 +716,182 @@ def bench_ensemble(
         diagnostics["failover_rounds_s"] = [round(f, 3) for f in failovers]
     diagnostics["first_leader"] = leader
     return figures, diagnostics, errors
+
+
+def cores_text(run: Run) -> str:
+    return (
+        f"cores: servers {run.server_cores:4.2f} (busiest {run.busiest_member_cores:4.2f}) "
+        f"client {run.client_cores:4.2f} other {run.other_cores:4.2f}"
+    )
+
+
+def run_diagnostics(run: Run) -> dict[str, float]:
+    return {
+        "client_cores": round(run.client_cores, 3),
+        "server_cores": round(run.server_cores, 3),
+        "busiest_member_cores": round(run.busiest_member_cores, 3),
+        "other_cores": round(run.other_cores, 3),
+    }
+
+
+def bench_observers(
+    target: str, workdir: Path, args: argparse.Namespace
+) -> tuple[Figures, dict[str, Any], list[str]]:
+    """Pipelined reads and writes, OBSERVER_CLIENTS clients spread over the members, against
+    three voters and against the same three voters plus OBSERVERS observers. Both ensembles
+    run for the whole part and their rounds alternate, so load from elsewhere on the machine
+    falls on both alike; the idle one shows in "other"."""
+    figures: Figures = dict.fromkeys(OBSERVER_FIGURES)
+    diagnostics: dict[str, Any] = {}
+    builder = BUILDERS[target]
+    force_sync = args.force_sync == "yes"
+    paths = ["/bench", *(node(k) for k in range(OBSERVER_CLIENTS))]
+    base = builder(workdir, force_sync, Layout(f"{target}-3voters"))
+    with running(base):
+        # Built once the first runs: free_ports could hand out a port it has not bound yet.
+        wide = builder(workdir, force_sync, Layout(f"{target}-observers", observers=OBSERVERS))
+        shapes = {"3voters": base, "with_observers": wide}
+        with running(wide):
+            measure_shapes(target, shapes, paths, figures, diagnostics, args)
+    for kind in ("reads", "writes"):
+        figures[f"{kind}_ratio_observers"] = ratio(
+            figures[f"{kind}_with_observers_per_s"], figures[f"{kind}_3voters_per_s"]
+        )
+    return figures, diagnostics, []
+
+
+def measure_shapes(
+    target: str,
+    shapes: dict[str, Ensemble],
+    paths: list[str],
+    figures: Figures,
+    diagnostics: dict[str, Any],
+    args: argparse.Namespace,
+) -> None:
+    """The rounds of bench_observers, alternating between the running ensembles."""
+    for shape, ensemble in shapes.items():
+        print(f"[{target}/{shape}] serving: {ensemble.modes()}", flush=True)
+        ensure_nodes(*ensemble.followers()[0].address, paths, VALUE)
+        if args.warmup > 0:
+            warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
+            for kind in ("write", "read"):
+                run_workers(pipelined(kind, spread(ensemble, OBSERVER_CLIENTS), warm), ensemble)
+    for rnd in range(1, args.rounds + 1):
+        for kind in ("read", "write"):
+            for shape, ensemble in shapes.items():
+                figure = f"{kind}s_{shape}_per_s"
+                jobs = pipelined(kind, spread(ensemble, OBSERVER_CLIENTS), args)
+                run = run_workers(jobs, ensemble)
+                print(
+                    f"[{target}] {figure:28} round {rnd}: {run.rate:10,.0f}/s  {cores_text(run)}",
+                    flush=True,
+                )
+                if (figures[figure] or 0.0) < run.rate:
+                    figures[figure] = run.rate
+                    diagnostics[figure] = run_diagnostics(run)
+        for ensemble in shapes.values():
+            ensemble.check_alive()
+
+
+def wait_mode(
+    member: Member, modes: tuple[str | None, ...], seconds: float = STARTUP_SECONDS
+) -> str | None:
+    """Until `member` listens on its client port and answers srvr with one of `modes`
+    (None: any answer, serving or not)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert member.proc is not None
+        if member.proc.poll() is not None:
+            raise BenchError(f"member {member.id} exited\n{log_tail(member.log)}")
+        with contextlib.suppress(OSError):
+            socket.create_connection(member.address, timeout=1.0).close()
+            mode = mode_of(member.client_port)
+            if mode in modes or None in modes:
+                return mode
+        if time.monotonic() > deadline:
+            raise BenchError(f"member {member.id} not in mode {modes} after {seconds:.0f} s")
+        time.sleep(0.1)
+
+
+def reconfig_committed(
+    address: tuple[str, int], joining: str | None, leaving: str | None
+) -> Reconfigured:
+    """A reconfig, sent again while the leader answers NEWCONFIGNOQUORUM (it has not yet
+    seen the joiner synced); only the committed attempt is timed."""
+    deadline = time.monotonic() + NEW_CONFIG_RETRY_SECONDS
+    while True:
+        done = reconfig(address, SUPER_AUTH, joining, leaving)
+        if done.err == 0:
+            return done
+        if done.err != ErrorCode.NEWCONFIGNOQUORUM or time.monotonic() > deadline:
+            raise BenchError(f"reconfig refused: {err_name(done.err)}")
+        time.sleep(0.2)
+
+
+def bench_reconfig(
+    target: str, workdir: Path, args: argparse.Namespace
+) -> tuple[Figures, dict[str, Any], list[str]]:
+    """From a client's reconfig request to its reply (the new config committed), adding a
+    fourth voter started with the ensemble's config plus itself, then removing it; median
+    of `args.rounds` rounds. First a probe: a reconfig from a config version no ensemble
+    has, which a server implementing reconfig refuses with BADVERSION and changes nothing;
+    any other answer (UNIMPLEMENTED) means reconfig is not available, and is reported."""
+    figures: Figures = dict.fromkeys(RECONFIG_FIGURES)
+    diagnostics: dict[str, Any] = {}
+    force_sync = args.force_sync == "yes"
+    ensemble = BUILDERS[target](workdir, force_sync, Layout(f"{target}-reconfig", joiner=True))
+    assert ensemble.joiner is not None
+    joiner_id = ensemble.joiner.id
+    adds: list[float] = []
+    removes: list[float] = []
+    with running(ensemble):
+        client = ensemble.followers()[0].address
+        try:
+            probe = reconfig(client, SUPER_AUTH, None, None, PROBE_CONFIG_ID)
+            answer = err_name(probe.err)
+        except ConnectionLostError as exc:
+            answer = f"by closing the connection ({exc})"
+        diagnostics["probe"] = answer
+        if answer != ErrorCode.BADVERSION.name:
+            status = f"not available: a reconfig is answered {answer}"
+            print(f"[{target}] reconfig: {status}", flush=True)
+            diagnostics["status"] = status
+            return figures, diagnostics, [f"reconfig: {status}"]
+        for rnd in range(1, args.rounds + 1):
+            joined = ensemble.start_joiner()
+            first = ("follower",) if ensemble.joiner.follows_first else (None,)
+            mode = wait_mode(joined, first)
+            added = reconfig_committed(client, ensemble.joiner.spec, None)
+            if f"server.{joiner_id}=" not in (added.config or b"").decode():
+                raise BenchError(f"the committed config lacks the joiner: {added.config!r}")
+            wait_mode(joined, ("follower",))  # in service as a voter, before it leaves
+            removed = reconfig_committed(client, None, str(joiner_id))
+            if f"server.{joiner_id}=" in (removed.config or b"").decode():
+                raise BenchError(f"the committed config still has the joiner: {removed.config!r}")
+            ensemble.stop_joiner()
+            adds.append(1000 * added.seconds)
+            removes.append(1000 * removed.seconds)
+            print(
+                f"[{target}] reconfig round {rnd}: add {adds[-1]:8.1f} ms  remove "
+                f"{removes[-1]:8.1f} ms  (joiner {mode or 'serving no one'} before the add)",
+                flush=True,
+            )
+            ensemble.check_alive()
+    figures["reconfig_add_ms"] = statistics.median(adds)
+    figures["reconfig_remove_ms"] = statistics.median(removes)
+    diagnostics["status"] = "measured"
+    diagnostics["add_rounds_ms"] = [round(a, 2) for a in adds]
+    diagnostics["remove_rounds_ms"] = [round(r, 2) for r in removes]
+    return figures, diagnostics, []
+
+
+def bench_default(
+    target: str, workdir: Path, args: argparse.Namespace
+) -> tuple[Figures, dict[str, Any], list[str]]:
+    """The default figures, against three voters."""
+    ensemble = BUILDERS[target](workdir, args.force_sync == "yes", None)
+    with running(ensemble):
+        return bench_ensemble(ensemble, args)
 
 
 def client_bound(args: argparse.Namespace) -> tuple[float | None, dict[str, Any]]:
@@ -608,14 +950,32 @@ def cell(value: float | None, decimals: int) -> str:
     return f"{'-':>14}" if value is None else f"{value:14,.{decimals}f}"
 
 
-def print_report(ours: Figures, zookeeper: Figures, rel: Figures) -> None:
-    print(f"\n{'figure':26}{'ours':>14}{'zookeeper':>14}{'ours/zk':>14}  goal  {'zk anchor':>10}")
-    for f in FIGURES:
-        decimals = 3 if f in LOWER_IS_BETTER else 0
+def observer_goal_judgeable() -> tuple[bool, str]:
+    """Whether issue 28's per-system goal (reads x1.5 with two observers, writes within
+    10 %) can be judged on this machine: observers add read capacity only with cores of
+    their own, so the members and the clients need a core each."""
+    needed = MEMBERS + OBSERVERS + OBSERVER_CLIENTS
+    cores = os.cpu_count() or 1
+    if cores >= needed:
+        return True, f"{cores} cores for {needed} processes (members and clients)"
+    return False, (
+        f"not judgeable here: {cores} cores shared by {needed} processes (5 members, "
+        f"{OBSERVER_CLIENTS} clients) and the rest of the machine, so two more members add "
+        "no CPU and reads cannot grow with them; ours/zookeeper of the same figures is "
+        "still a fair comparison"
+    )
+
+
+def print_report(
+    ours: Figures, zookeeper: Figures, rel: Figures, figures: tuple[str, ...] = FIGURES
+) -> None:
+    print(f"\n{'figure':28}{'ours':>14}{'zookeeper':>14}{'ours/zk':>14}  goal  {'zk anchor':>10}")
+    for f in figures:
+        decimals = 3 if f in LOWER_IS_BETTER or "_ratio_" in f else 0
         goal = "<= 1.0" if f in LOWER_IS_BETTER else ">= 1.0"
-        figures = cell(ours[f], decimals) + cell(zookeeper[f], decimals) + cell(rel[f], 3)
+        cells = cell(ours[f], decimals) + cell(zookeeper[f], decimals) + cell(rel[f], 3)
         anchor = ZOOKEEPER_ANCHORS.get(f)
-        print(f"{f:26}{figures}  {goal}  {'' if anchor is None else f'{anchor:10,.{decimals}f}'}")
+        print(f"{f:28}{cells}  {goal}  {'' if anchor is None else f'{anchor:10,.{decimals}f}'}")
 
 
 # --- main ----------------------------------------------------------------------------------
@@ -633,6 +993,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=256, help="outstanding requests/client")
     parser.add_argument("--dir", help="where the temporary data directories go")
     parser.add_argument("--keep", action="store_true", help="keep data dirs and logs after")
+    parser.add_argument(
+        "--observers",
+        action="store_true",
+        help=f"also: reads and writes of 3 voters vs 3 voters + {OBSERVERS} observers",
+    )
+    parser.add_argument(
+        "--reconfig", action="store_true", help="also: reconfig (add, remove a voter) times"
+    )
+    parser.add_argument(
+        "--skip-default", action="store_true", help="only the parts asked for above"
+    )
     args = parser.parse_args(argv)
     args.only = args.only or list(TARGETS)
     return args
@@ -646,7 +1017,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     force_sync = args.force_sync == "yes"
-    results: dict[str, Figures] = {t: dict.fromkeys(FIGURES) for t in TARGETS}
+    every = FIGURES + OBSERVER_FIGURES + RECONFIG_FIGURES
+    results: dict[str, Figures] = {t: dict.fromkeys(every) for t in TARGETS}
     diagnostics: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
     busy = background_cores()
@@ -659,29 +1031,57 @@ def main(argv: list[str] | None = None) -> None:
         )
     bound, diagnostics["client"] = client_bound(args)
     diagnostics["client"]["bound_writes_1client_per_s"] = bound
-    builders = {"zookeeper": zookeeper_ensemble, "ours": ours_ensemble}
+    parts: dict[str, Callable[[str, Path, argparse.Namespace], tuple[Figures, Any, list[str]]]]
+    parts = {}
+    if not args.skip_default:
+        parts["default"] = bench_default
+    if args.observers:
+        parts["observers"] = bench_observers
+    if args.reconfig:
+        parts["reconfig"] = bench_reconfig
     workdir = Path(tempfile.mkdtemp(prefix="bench-consensus-", dir=args.dir))
     try:
         for target in TARGETS:
             if target not in args.only:
                 continue
-            try:
-                ensemble = builders[target](workdir, force_sync)
-                with running(ensemble):
-                    results[target], diagnostics[target], errors[target] = bench_ensemble(
-                        ensemble, args
+            for part, bench in parts.items():
+                # The default part keeps the keys it always had: "ours", "zookeeper".
+                key, prefix = (
+                    (target, "") if part == "default" else (f"{target}/{part}", f"{part}: ")
+                )
+                try:
+                    figures, diagnostics[key], errs = bench(target, workdir, args)
+                    results[target].update(figures)
+                    errors.setdefault(target, []).extend(errs)
+                except Exception as exc:  # an ensemble would not start, or died: report, go on
+                    errors.setdefault(target, []).append(
+                        f"{prefix}ensemble: {type(exc).__name__}: {exc}"
                     )
-            except Exception as exc:  # the ensemble would not start, or died: report, go on
-                errors.setdefault(target, []).append(f"ensemble: {type(exc).__name__}: {exc}")
-                print(f"[{target}] ENSEMBLE FAILED: {exc}", flush=True)
+                    print(f"[{target}] {prefix}ENSEMBLE FAILED: {exc}", flush=True)
     finally:
         if args.keep:
             print(f"data directories and logs kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     ours, zookeeper = results["ours"], results["zookeeper"]
-    rel: Figures = {f: ratio(ours[f], zookeeper[f]) for f in FIGURES}
-    print_report(ours, zookeeper, rel)
+    rel: Figures = {f: ratio(ours[f], zookeeper[f]) for f in every}
+    if "default" in parts:
+        print_report(ours, zookeeper, rel)
+    if "observers" in parts:
+        print_report(ours, zookeeper, rel, OBSERVER_FIGURES)
+        judgeable, why = observer_goal_judgeable()
+        diagnostics["observer_goal"] = {"judgeable": judgeable, "why": why}
+        for f, goal in OBSERVER_GOALS.items():
+            measured = ", ".join(
+                f"{t} {'-' if results[t][f] is None else f'{results[t][f]:.3f}'}" for t in TARGETS
+            )
+            print(f"issue 28 goal {f} >= {goal}: {measured}")
+        print(f"issue 28 goal: {'judgeable: ' if judgeable else ''}{why}")
+    if "reconfig" in parts:
+        print_report(ours, zookeeper, rel, RECONFIG_FIGURES)
+        for target in TARGETS:
+            status = diagnostics.get(f"{target}/reconfig", {}).get("status", "not run")
+            print(f"reconfig, {target}: {status}")
     if bound is not None:
         print(f"client bound (no-op server, 1 client): {bound:,.0f} writes/s")
     result = {
@@ -699,6 +1099,9 @@ def main(argv: list[str] | None = None) -> None:
             "force_sync": force_sync,
             "members": MEMBERS,
             "value_bytes": len(VALUE),
+            "parts": list(parts),
+            "observers": OBSERVERS,
+            "observer_clients": OBSERVER_CLIENTS,
         },
     }
     save_results("consensus", result)

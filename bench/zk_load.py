@@ -19,6 +19,11 @@ Worker processes (`multiprocessing`, spawn) run one workload each and report the
 their wall time and their own CPU time, so the benchmark can show that the client is not
 the bottleneck. `NoopServer` answers every request at once with a canned reply; the
 client's rate against it bounds what the client can drive.
+
+`reconfig` sends one incremental ReconfigRequest (op code 16) from the benchmark process
+and times it from the write of the request to its reply, which ZooKeeper sends once the
+new configuration is committed. Its session first adds digest auth as the super user
+(reconfig needs the right to write /zookeeper/config).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from services.consensus.codes import ErrorCode, OpCode, Xid
 from services.consensus.jute import (
     ACL,
     DEFAULT_MAX_BUFFER,
+    AuthPacket,
     ConnectRequest,
     ConnectResponse,
     CreateRequest,
@@ -53,6 +59,7 @@ from services.consensus.jute import (
     SetDataRequest,
     Stat,
     StatResponse,
+    Writer,
     decode_connect_request,
     decode_connect_response,
     decode_response,
@@ -83,7 +90,19 @@ class SessionExpiredError(ConnectionLostError):
 
 
 class ReplyError(Exception):
-    """A reply carried a non-zero err."""
+    """A reply carried a non-zero err (kept in `err`)."""
+
+    def __init__(self, message: str, err: int = 0) -> None:
+        super().__init__(message)
+        self.err = err
+
+
+def err_name(err: int) -> str:
+    """ZooKeeper's name of a reply's err, or the number when the codes do not list it."""
+    try:
+        return ErrorCode(err).name
+    except ValueError:
+        return str(err)
 
 
 # --- request templates ---------------------------------------------------------------------
@@ -104,6 +123,26 @@ def get_data_frame(path: str) -> bytes:
 
 def create_frame(path: str, data: bytes) -> bytes:
     return request_frame(OpCode.CREATE, CreateRequest(path, data, OPEN_ACL, 0))
+
+
+def reconfig_frame(joining: str | None, leaving: str | None, config_id: int = -1) -> bytes:
+    """An incremental ReconfigRequest (jute: ustring joiningServers, leavingServers,
+    newMembers; long curConfigId), newMembers null; config_id -1 skips the version check.
+    Written here, not with the codec's ReconfigRequest: that one writes an absent string
+    as "" where clients send null, and ZooKeeper takes a non-null newMembers for a
+    non-incremental reconfig."""
+    w = Writer()
+    RequestHeader(0, OpCode.RECONFIG).write(w)
+    for servers in (joining, leaving, None):
+        w.write_buffer(None if servers is None else servers.encode())
+    w.write_long(config_id)
+    return encode_frame(w.getvalue())
+
+
+def auth_frame(scheme: str, auth: bytes) -> bytes:
+    return encode_frame(
+        encode_request(RequestHeader(Xid.AUTH, OpCode.AUTH), AuthPacket(0, scheme, auth))
+    )
 
 
 CLOSE_SESSION_TYPE = XID.pack(OpCode.CLOSE_SESSION)
@@ -228,24 +267,36 @@ class ZkClient:
         self._xid = xid
         self._transport.write(buf)
 
-    async def call(self, template: bytes) -> tuple[ReplyHeader, Any]:
-        """One request; its reply header and body decoded in full by the jute codec.
-        Raises ReplyError on a non-zero err."""
+    async def call(
+        self,
+        template: bytes,
+        reply_as: OpCode | None = None,
+        seconds: float = REQUEST_SECONDS,
+    ) -> tuple[ReplyHeader, Any]:
+        """One request; its reply header and body decoded in full by the jute codec (as the
+        reply to `reply_as` when given, for a reply laid out as another op's). Raises
+        ReplyError on a non-zero err, ConnectionLostError after `seconds` without reply."""
         if self.lost:
             raise ConnectionLostError("not connected")
         assert self._pipeline is None
         opcode = OpCode(struct.unpack_from(">i", template, 8)[0])
         future: asyncio.Future[tuple[ReplyHeader, Any]] = asyncio.get_running_loop().create_future()
-        self._waiters.append((future, opcode))
+        self._waiters.append((future, reply_as or opcode))
         self._send(template, 1)
         try:
-            header, body = await asyncio.wait_for(future, REQUEST_SECONDS)
+            header, body = await asyncio.wait_for(future, seconds)
         except TimeoutError as exc:
             self.abort()
-            raise ConnectionLostError(f"no reply in {REQUEST_SECONDS:.0f} s") from exc
+            raise ConnectionLostError(f"no reply in {seconds:.0f} s") from exc
         if header.err != ErrorCode.OK:
-            raise ReplyError(f"{opcode.name}: {ErrorCode(header.err).name}")
+            raise ReplyError(f"{opcode.name}: {err_name(header.err)}", header.err)
         return header, body
+
+    def send_raw(self, frame: bytes) -> None:
+        """A frame whose reply nobody waits for (auth: its reply has xid -4)."""
+        if self.lost or self._transport is None:
+            raise ConnectionLostError("not connected")
+        self._transport.write(frame)
 
     async def pipeline(self, template: bytes, window: int, seconds: float) -> _Pipeline:
         """Keep `window` copies of the request outstanding for `seconds`, then wait for the
@@ -476,6 +527,55 @@ async def _ensure_nodes(host: str, port: int, paths: list[str], value: bytes) ->
 def ensure_nodes(host: str, port: int, paths: list[str], value: bytes) -> None:
     """Create `paths` (parents first) holding `value`, and read each back."""
     uvloop.run(_ensure_nodes(host, port, paths, value))
+
+
+@dataclass
+class Reconfigured:
+    err: int  # the reply's err: 0 when the new configuration was committed
+    seconds: float  # from writing the request to its reply
+    config: bytes | None  # the committed configuration the reply carries (err 0)
+
+
+async def _reconfig(
+    address: tuple[str, int],
+    super_auth: bytes,
+    joining: str | None,
+    leaving: str | None,
+    config_id: int,
+) -> Reconfigured:
+    client = ZkClient(*address)
+    await client.connect()
+    try:
+        # The auth reply (xid -4) is not matched to a waiter; a refused auth closes the
+        # connection. Replies come in order: once getData's is in, the auth is done.
+        client.send_raw(auth_frame("digest", super_auth))
+        await client.call(get_data_frame("/"))
+        frame = reconfig_frame(joining, leaving, config_id)
+        start = time.perf_counter()
+        try:
+            # The reply to a reconfig is laid out as getData's: the config node's data, Stat.
+            _, body = await client.call(frame, reply_as=OpCode.GET_DATA, seconds=60.0)
+        except ReplyError as exc:
+            return Reconfigured(exc.err, time.perf_counter() - start, None)
+        seconds = time.perf_counter() - start
+        if not isinstance(body, GetDataResponse):
+            raise ReplyError(f"reconfig answered {body!r}")
+        return Reconfigured(0, seconds, body.data)
+    finally:
+        await client.close()
+
+
+def reconfig(
+    address: tuple[str, int],
+    super_auth: bytes,
+    joining: str | None,
+    leaving: str | None,
+    config_id: int = -1,
+) -> Reconfigured:
+    """One incremental reconfig through a fresh session on `address`, authenticated with
+    digest `super_auth` ("super:<password>"); the connection and the auth are done before
+    the clock starts. A refused reconfig comes back with its err."""
+    return uvloop.run(_reconfig(address, super_auth, joining, leaving, config_id))
 
 
 # --- the no-op bound ---------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from services.consensus.jute import (
     PathRequest,
     PathResponse,
     PathWatchRequest,
+    ReconfigRequest,
     ReplyHeader,
     RequestBody,
     ResponseBody,
@@ -87,9 +88,16 @@ from services.consensus.jute import (
 )
 from services.consensus.jute.records import CheckResult as CheckReply
 from services.consensus.jute.records import DeleteResult as DeleteReply
-from services.consensus.member import Member, Outcome, SessionClients
+from services.consensus.member import CONFIG_NODE, Member, Outcome, SessionClients
 from services.consensus.metrics import BufferStats
-from services.consensus.payloads import ErrorTxn, SyncRequest, SyncTxn, Write
+from services.consensus.payloads import (
+    ErrorTxn,
+    Reconfig,
+    ReconfigTxn,
+    SyncRequest,
+    SyncTxn,
+    Write,
+)
 from services.consensus.sasl import DigestMd5Server, SaslError
 from services.consensus.tls import HANDSHAKE_TIMEOUT, peer_certificate, x509_id
 from services.consensus.tree import (
@@ -114,6 +122,7 @@ from services.consensus.tree import (
     WatchEvent,
     digest_auth_id,
 )
+from services.consensus.tree.acl import SUPER
 from services.consensus.tree.model import MultiOp, OpResult
 
 log = logging.getLogger("directlog.consensus.clients")
@@ -131,6 +140,7 @@ _WRITES = frozenset(
         OpCode.MULTI,
         OpCode.SYNC,
         OpCode.CLOSE_SESSION,
+        OpCode.RECONFIG,
     }
 )
 
@@ -424,6 +434,8 @@ class ClientConnection(asyncio.Protocol):
             return
         ident: Id = digest_auth_id(packet.auth.decode("utf-8", "replace"))
         self.session = self.session.with_auth(ident)
+        if self.member.is_super(ident):
+            self.session = self.session.with_auth(SUPER)
         self._queue_local(started, lambda: self._reply(Xid.AUTH, ErrorCode.OK))
 
     def _sasl(self, started: float, xid: int, packet: SaslToken) -> None:
@@ -538,6 +550,14 @@ class ClientConnection(asyncio.Protocol):
                 acl, stat = tree.get_acl(body.path, session)
                 return self._reply(xid, ErrorCode.OK, GetACLResponse(acl, stat))
             assert isinstance(body, PathWatchRequest)
+            if body.path == CONFIG_NODE and op in (OpCode.EXISTS, OpCode.GET_DATA):
+                # Served from the member's active configuration, not the tree.
+                config, config_stat = self.member.config_node()
+                if body.watch:
+                    tree.watches.add_data(CONFIG_NODE, session.session_id)
+                if op == OpCode.EXISTS:
+                    return self._reply(xid, ErrorCode.OK, StatResponse(config_stat))
+                return self._reply(xid, ErrorCode.OK, GetDataResponse(config, config_stat))
             if op == OpCode.EXISTS:
                 found = tree.exists(body.path, session, body.watch)
                 if found is None:
@@ -593,6 +613,10 @@ class ClientConnection(asyncio.Protocol):
             return self._reply(xid, outcome.code, zxid=zxid)
         if isinstance(outcome, SyncTxn):
             return self._reply(xid, ErrorCode.OK, PathResponse(outcome.path), zxid)
+        if isinstance(outcome, ReconfigTxn):
+            data = outcome.config.encode()
+            stat = self.member.config_stat(zxid, len(data))
+            return self._reply(xid, ErrorCode.OK, GetDataResponse(data, stat), zxid)
         assert isinstance(outcome, Applied)
         result = outcome.result
         if isinstance(result, MultiResult):
@@ -697,4 +721,9 @@ def _to_write(op: int, body: RequestBody | None) -> Write:
     if op == OpCode.MULTI:
         assert isinstance(body, MultiRequest)
         return Multi(tuple(_op(o.type, o.body) for o in body.ops))
+    if op == OpCode.RECONFIG:
+        assert isinstance(body, ReconfigRequest)
+        return Reconfig(
+            body.joining_servers, body.leaving_servers, body.new_members, body.cur_config_id
+        )
     return _op(op, body)

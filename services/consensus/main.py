@@ -45,7 +45,9 @@ async def run_member(settings: ConsensusSettings, member_id: int, stop: asyncio.
         f"{' (TLS)' if settings.quorum_tls is not None else ''}\n"
         f"  metrics    {metrics_url}\n"
         f"  data       {settings.member_dir(member_id).resolve()}\n"
-        f"  ensemble   {len(settings.members)} members, quorum {settings.quorum}, "
+        f"  ensemble   {len(member.dynamic.voters)} voters, "
+        f"{len(member.dynamic.observers)} observers (configuration {member.dynamic.version:#x}), "
+        f"quorum {settings.quorum}, "
         f"force_sync {settings.force_sync}",
         flush=True,
     )

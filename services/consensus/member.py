@@ -13,6 +13,13 @@ clients from the result. The leader also expires sessions: members report the se
 they hear from in their PingAcks, and a session silent for its timeout is closed through
 the quorum like any write.
 
+The membership is the static ``members`` of the settings until a reconfig (ZooKeeper's,
+with ``reconfig_enabled``) commits another: the leader checks it in ``_prepare_reconfig``
+as ZooKeeper's PrepRequestProcessor does, the core commits it with a quorum of the old and
+the new voters, and each member then makes it active (``_use_config``): it links to the
+new members, keeps the configuration in its data directory (dynamic_config.py), which
+wins over the static file at the next start, and fires the watches on /zookeeper/config.
+
 With ``read_only_mode`` (ZooKeeper's readonlymode.enabled) a member that has looked for a
 leader for ``READ_ONLY_GRACE`` without finding one serves read-only clients from its own
 tree, on sessions only it knows (ZooKeeper's local sessions), until it finds a leader.
@@ -32,11 +39,22 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from directlog.busy_poll import BusyPoll
+from services.consensus import dynamic_config
+from services.consensus.codes import ErrorCode, EventType
+from services.consensus.dynamic_config import (
+    ConfigFormatError,
+    DynamicConfig,
+    next_members,
+    parse_config,
+)
+from services.consensus.jute.records import Stat
 from services.consensus.metrics import ConsensusMetrics
 from services.consensus.payloads import (
     ErrorTxn,
     Logged,
     LoggedBody,
+    Reconfig,
+    ReconfigTxn,
     SyncRequest,
     SyncTxn,
     Write,
@@ -44,6 +62,7 @@ from services.consensus.payloads import (
     decode_write,
     encode_logged,
     encode_write,
+    reconfig_of,
 )
 from services.consensus.peers import PeerNetwork
 from services.consensus.settings import ConsensusSettings, parse_address
@@ -53,16 +72,19 @@ from services.consensus.tree import (
     Applied,
     CloseSession,
     DataTree,
+    Id,
     Preparer,
     Rejected,
     Session,
     WatchEvent,
 )
+from services.consensus.tree.acl import SUPER
 from services.consensus.tree.model import CloseSessionTxn, CreateSessionTxn, DeleteContainer
 from services.consensus.zab import (
     Accepted,
     Committed,
     LogEntry,
+    Membership,
     Message,
     Node,
     Phase,
@@ -79,17 +101,23 @@ log = logging.getLogger("directlog.consensus")
 
 # What a client write's waiter gets: the applied result, a refusal, a completed sync, or
 # None when the outcome is unknown (the member lost its leader) and the client must retry.
-Outcome = Applied | ErrorTxn | SyncTxn | None
+Outcome = Applied | ErrorTxn | SyncTxn | ReconfigTxn | None
 Waiter = Callable[[int, Outcome], None]  # (zxid or 0, outcome)
 
 _CONTAINER_CHECK_TICKS = 10  # how often the leader looks for empty containers
 _LOCAL_IN_FLIGHT = 1000  # writes one member has at the leader at once; more wait here
 _INLINE_SYNC_ENTRIES = 8  # log writes this small are done on the event loop
 _MAX_BATCH = 32  # events (client writes, peer messages) carried out as one Ready at most
+_MODES = {  # ZooKeeper's names for the serving roles (srvr's Mode:, mntr's server state)
+    ServerState.LEADING: "leader",
+    ServerState.FOLLOWING: "follower",
+    ServerState.OBSERVING: "observer",
+}
 # Looking this long (or a tick, if longer) means cut off from the quorum: serve read-only
 # clients. ZooKeeper's QuorumPeer waits max(2000 ms, tickTime) before it starts its
 # ReadOnlyZooKeeperServer.
 READ_ONLY_GRACE = 2.0
+CONFIG_NODE = "/zookeeper/config"  # ZooKeeper's ZooDefs.CONFIG_NODE: getConfig reads it
 
 
 @dataclass(slots=True)
@@ -137,9 +165,18 @@ class Member:
         self.applied_zxid = state.snapshot.zxid
         self._since_snap = 0
         members = settings.members
+        # The configuration: the static one, unless a reconfig made a newer one active.
+        saved = dynamic_config.load(settings.member_dir(member_id))
+        static = DynamicConfig(0, dict(members))
+        self.dynamic = saved if saved is not None and saved.version > 0 else static
+        self._configs: dict[int, DynamicConfig] = {self.dynamic.version: self.dynamic}
+        self._config_times: dict[int, int] = {}  # version -> the reconfig's time (ms)
         self.node = Node(
             member_id,
-            members,
+            self.dynamic.voters,
+            observers=self.dynamic.observers,
+            config_version=self.dynamic.version,
+            config_of=self._config_of,
             quorum=settings.quorum,
             election_ticks=settings.election_ticks,
             heartbeat_ticks=settings.heartbeat_ticks,
@@ -150,7 +187,7 @@ class Member:
         self._durable_zxid = self.node.last_zxid
         self.peers = PeerNetwork(
             member_id,
-            {i: parse_address(m.peer) for i, m in members.items() if i != member_id},
+            _peer_addresses(self.dynamic, member_id),
             self._on_peer_message,
             self._on_link,
             tls=quorum_tls(settings),
@@ -356,7 +393,9 @@ class Member:
             session, request = decode_write(payload)
         now_ms = int(time.time() * 1000)
         body: LoggedBody
-        if isinstance(request, SyncRequest):
+        if isinstance(request, Reconfig):
+            body = self._prepare_reconfig(request, session, zxid)
+        elif isinstance(request, SyncRequest):
             body = SyncTxn(request.path)
             self.pending_syncs += 1
         else:
@@ -370,6 +409,109 @@ class Member:
         data = encode_logged(logged)
         self._zk.proposal_size.update(len(data))
         return data
+
+    def _prepare_reconfig(
+        self, request: Reconfig, session: Session, zxid: int
+    ) -> ReconfigTxn | ErrorTxn:
+        """ZooKeeper's checks, in its order: the feature on, no reconfig pending, the
+        version asked for, a well-formed result with two voters or more, a synced quorum
+        of them (NEWCONFIGNOQUORUM), then the right to write /zookeeper/config (super
+        users only). A refusal changes nothing."""
+
+        def refuse(code: ErrorCode, why: str) -> ErrorTxn:
+            log.warning("member %d: reconfig refused (%s): %s", self.id, code.name, why)
+            return ErrorTxn(code)
+
+        node = self.node
+        if not self.settings.reconfig_enabled:
+            return refuse(ErrorCode.RECONFIGDISABLED, "reconfig_enabled is off")
+        active = self._configs.get(node.config.version)
+        if node.pending_config is not None or active is None:
+            return refuse(ErrorCode.RECONFIGINPROGRESS, "a configuration is not yet active")
+        if request.cur_config_id not in (-1, active.version):
+            return refuse(
+                ErrorCode.BADVERSION,
+                f"from version {request.cur_config_id:#x}, the active one is {active.version:#x}",
+            )
+        try:
+            members = next_members(active, request.joining, request.leaving, request.new_members)
+        except (ConfigFormatError, ValueError) as exc:
+            return refuse(ErrorCode.BADARGUMENTS, str(exc))
+        config = DynamicConfig(zxid, members)
+        if len(config.voters) < 2:
+            return refuse(ErrorCode.BADARGUMENTS, "a configuration needs two voters or more")
+        if set(config.voters) & set(node.config.observers):
+            # It acks nothing as an observer: it must leave, then join as a participant.
+            return refuse(ErrorCode.BADARGUMENTS, "an observer cannot become a voter at once")
+        if not node.synced_quorum(config.voters):
+            return refuse(ErrorCode.NEWCONFIGNOQUORUM, "no synced quorum of the new voters")
+        if SUPER not in session.auth:
+            return refuse(ErrorCode.NOAUTH, f"session {session.session_id:#x} is no super user")
+        return ReconfigTxn(config.text())
+
+    def is_super(self, ident: Id) -> bool:
+        """Does a session's digest auth ``ident`` match the configured super digest?"""
+        secret = self.settings.super_digest
+        return secret is not None and ident == Id("digest", secret.get_secret_value())
+
+    def _config_of(self, payload: bytes) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """For the core: the (voters, observers) a log entry proposes, if it is a reconfig."""
+        text = reconfig_of(payload)
+        if text is None:
+            return None
+        config = parse_config(text)  # the leader wrote it: well-formed
+        self._configs[config.version] = config
+        return config.voters, config.observers
+
+    def _config_changed(self, membership: Membership) -> None:
+        """The core made ``membership`` active. Its addresses come with the reconfig's
+        text; a member that adopted it from a peer before that text arrived links to the
+        members it knows and completes the change when the entry is applied."""
+        known = self._configs.get(membership.version)
+        if known is not None:
+            self._use_config(known)
+            return
+        log.info(
+            "member %d: configuration %#x active, its addresses still to come",
+            self.id,
+            membership.version,
+        )
+        ids = set(membership.voters) | set(membership.observers)
+        kept = {i: m for i, m in self.dynamic.members.items() if i in ids}
+        self.peers.set_peers(_peer_addresses(DynamicConfig(membership.version, kept), self.id))
+
+    def _use_config(self, config: DynamicConfig) -> None:
+        if config.version <= self.dynamic.version:
+            return
+        log.info(
+            "member %d: configuration %#x active: %s",
+            self.id,
+            config.version,
+            config.text().replace("\n", ", "),
+        )
+        self.dynamic = config
+        # Older configurations can never be active again: forget them.
+        self._configs = {v: c for v, c in self._configs.items() if v >= config.version}
+        self._config_times = {v: t for v, t in self._config_times.items() if v >= config.version}
+        # Rare and small: written on the loop, durably, before anyone hears of it.
+        dynamic_config.save(self.settings.member_dir(self.id), config)
+        self.peers.set_peers(_peer_addresses(config, self.id))
+        events: list[WatchEvent] = []
+        self.tree.watches.trigger(CONFIG_NODE, EventType.NODE_DATA_CHANGED, events)
+        if self.clients is not None:
+            for event in events:
+                self.clients.deliver(event)
+
+    def config_node(self) -> tuple[bytes, Stat]:
+        """/zookeeper/config: the active configuration, as getConfig reads it."""
+        data = self.dynamic.text().encode()
+        return data, self.config_stat(self.dynamic.version, len(data))
+
+    def config_stat(self, version: int, length: int) -> Stat:
+        """ZooKeeper's Stat of /zookeeper/config: a reconfig is a setData with version -1
+        at its zxid, so the node's version reads -1 after the first one."""
+        mtime = self._config_times.get(version, 0)
+        return Stat(0, version, 0, mtime, -1 if version else 0, 0, 0, 0, length, 0, 0)
 
     def _touch(self, sessions: set[int] | tuple[int, ...]) -> None:
         now = time.monotonic()
@@ -462,6 +604,8 @@ class Member:
                     write.waiter(0, None)
         for entry in ready.committed:
             self._apply(entry)
+        if ready.config is not None:
+            self._config_changed(ready.config)
         if ready.committed:
             self.metrics.commits.inc(len(ready.committed))
             if self.serving:  # not the entries a new leadership starts from
@@ -489,7 +633,13 @@ class Member:
             self.pending_syncs -= 1
         body = logged.body
         outcome: Outcome
-        if isinstance(body, SyncTxn | ErrorTxn):
+        if isinstance(body, ReconfigTxn):
+            outcome = body
+            config = self._configs.setdefault(entry.zxid, parse_config(body.config))
+            self._config_times[entry.zxid] = logged.time_ms
+            if self.node.config.version == entry.zxid:
+                self._use_config(config)  # active before its text was known here
+        elif isinstance(body, SyncTxn | ErrorTxn):
             outcome = body
         else:
             applied = self.tree.apply(logged.txn(entry.zxid))
@@ -653,7 +803,7 @@ class Member:
             return "looking"
         if len(self.settings.members) == 1:
             return "standalone"
-        return "leader" if self.role == ServerState.LEADING else "follower"
+        return _MODES[self.role]
 
     @property
     def phase(self) -> Phase:
@@ -662,6 +812,10 @@ class Member:
     @property
     def outstanding(self) -> int:
         return len(self._writes) + len(self._by_zxid) + len(self._backlog)
+
+
+def _peer_addresses(config: DynamicConfig, member_id: int) -> dict[int, tuple[str, int]]:
+    return {i: parse_address(m.peer) for i, m in config.members.items() if i != member_id}
 
 
 def _tree(snapshot: Snapshot) -> DataTree:

@@ -38,7 +38,14 @@ if TYPE_CHECKING:
     from services.consensus.member import Member
 
 # A read-only member is looking for a leader too: 0, so "not serving" alerts still fire.
-ROLE_CODES = {"looking": 0, "read-only": 0, "follower": 1, "leader": 2, "standalone": 3}
+ROLE_CODES = {
+    "looking": 0,
+    "read-only": 0,
+    "follower": 1,
+    "leader": 2,
+    "standalone": 3,
+    "observer": 4,
+}
 
 # ZooKeeper's summaries (prometheus simpleclient 0.9): DetailLevel.BASIC has the median,
 # ADVANCED also the 90th and 99th percentiles, each over the last 10 minutes.
@@ -302,7 +309,8 @@ class ConsensusMetrics:
             if zk.looking_since is not None:
                 zk.election_time.observe((now - zk.looking_since) * 1000, now)
                 zk.looking_since = None
-            zk.sync_started = now if role == ServerState.FOLLOWING else None
+            learning = role in (ServerState.FOLLOWING, ServerState.OBSERVING)
+            zk.sync_started = now if learning else None
         elif role == ServerState.LEADING:
             zk.leader_since = now
         elif zk.sync_started is not None:
@@ -320,7 +328,7 @@ class ConsensusMetrics:
 
         gauge(
             "directlog_consensus_role",
-            "0 looking (or read-only), 1 follower, 2 leader, 3 standalone",
+            "0 looking (or read-only), 1 follower, 2 leader, 3 standalone, 4 observer",
             lambda: ROLE_CODES[member.mode],
         )
         gauge(
@@ -508,16 +516,16 @@ class ZooKeeperCollector(Collector):
             ("outstanding_tls_handshake", "TLS handshakes under way (no TLS here)", 0),
         ]
         if not self.metrics.standalone:
+            learners, synced, observers = member.node.learner_counts()
             gauges += [
-                ("quorum_size", "Voting members in the ensemble", len(member.settings.members)),
-                ("synced_observers", "Observers synced (none: no observers)", 0),
+                ("quorum_size", "Voting members in the ensemble", len(member.node.config.voters)),
+                ("synced_observers", "Observers in sync with this leader", observers),
             ]
             leader_since = zk.leader_since
             if member.role == ServerState.LEADING and leader_since is not None:
-                learners, synced = member.node.learner_counts()
                 proposals = zk.proposal_size
                 gauges += [
-                    ("learners", "Followers connected to this leader", learners),
+                    ("learners", "Followers and observers syncing with this leader", learners),
                     ("synced_followers", "Followers in sync with this leader", synced),
                     ("synced_non_voting_followers", "Non-voting followers (none)", 0),
                     (

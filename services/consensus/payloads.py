@@ -11,7 +11,8 @@ A transaction, as stored in the log and applied in zxid order::
     time_ms:long  session_id:long  op:int  body
 
 ``op`` is ZooKeeper's opcode for the operation (create 1, delete 2, setData 5, setACL 7,
-sync 9, check 13, multi 14, deleteContainer 20, createSession -10, closeSession -11) or
+sync 9, check 13, multi 14, reconfig 16, deleteContainer 20, createSession -10,
+closeSession -11) or
 -1 for an error transaction: a write the leader refused still travels through ZAB, so the
 member that took it answers its client in order with the others, as ZooKeeper does.
 
@@ -74,6 +75,25 @@ class SyncTxn:
 
 
 @record
+class Reconfig:
+    """``reconfig`` on its way to the leader (the fields of ZooKeeper's ReconfigRequest):
+    only the leader can check it against the configuration and its synced followers."""
+
+    joining: str
+    leaving: str
+    new_members: str
+    cur_config_id: int
+
+
+@record
+class ReconfigTxn:
+    """A new configuration, in ZooKeeper's text (dynamic_config.py) with its version,
+    the zxid of this transaction. Committed, it becomes the active configuration."""
+
+    config: str
+
+
+@record
 class ErrorTxn:
     """A refused write: ``op_codes`` has one code per op of a refused multi."""
 
@@ -81,8 +101,8 @@ class ErrorTxn:
     op_codes: tuple[ErrorCode, ...] = ()
 
 
-Write = Request | SyncRequest
-LoggedBody = TxnBody | SyncTxn | ErrorTxn
+Write = Request | SyncRequest | Reconfig
+LoggedBody = TxnBody | SyncTxn | ErrorTxn | ReconfigTxn
 
 
 @record
@@ -94,7 +114,7 @@ class Logged:
     body: LoggedBody
 
     def txn(self, zxid: int) -> Txn:
-        assert not isinstance(self.body, SyncTxn | ErrorTxn)
+        assert not isinstance(self.body, SyncTxn | ErrorTxn | ReconfigTxn)
         return Txn(zxid, self.time_ms, self.session_id, self.body)
 
 
@@ -248,6 +268,12 @@ def encode_write_in_full(session: Session, request: Write) -> bytes:
     elif isinstance(request, SyncRequest):
         w.write_int(OpCode.SYNC)
         w.write_ustring(request.path)
+    elif isinstance(request, Reconfig):
+        w.write_int(OpCode.RECONFIG)
+        w.write_ustring(request.joining)
+        w.write_ustring(request.leaving)
+        w.write_ustring(request.new_members)
+        w.write_long(request.cur_config_id)
     else:
         _write_op(w, request)
     return w.getvalue()
@@ -281,6 +307,13 @@ def decode_write_in_full(payload: bytes) -> tuple[Session, Write]:
             request = DeleteContainer(r.read_ustring("path"))
         elif op == OpCode.SYNC:
             request = SyncRequest(r.read_ustring("path"))
+        elif op == OpCode.RECONFIG:
+            request = Reconfig(
+                r.read_ustring("joining"),
+                r.read_ustring("leaving"),
+                r.read_ustring("new_members"),
+                r.read_long("cur_config_id"),
+            )
         else:
             request = _read_op(r, op)
         r.expect_end("write")
@@ -365,6 +398,9 @@ def encode_logged_in_full(entry: Logged) -> bytes:
     elif isinstance(body, SyncTxn):
         w.write_int(OpCode.SYNC)
         w.write_ustring(body.path)
+    elif isinstance(body, ReconfigTxn):
+        w.write_int(OpCode.RECONFIG)
+        w.write_ustring(body.config)
     elif isinstance(body, ErrorTxn):
         w.write_int(OpCode.ERROR)
         w.write_int(body.code)
@@ -380,6 +416,15 @@ def _decode_set_data(payload: bytes) -> Logged | None:
     time_ms, session_id, op = _LOGGED_HEAD.unpack_from(payload)
     body = _unpack_set_data(payload, _LOGGED_HEAD.size) if op == OpCode.SET_DATA else None
     return None if body is None else Logged(time_ms, session_id, SetDataTxn(*body))
+
+
+def reconfig_of(payload: bytes) -> str | None:
+    """The configuration a transaction proposes, or None; a look at the opcode first, so
+    other transactions cost no decoding."""
+    if len(payload) < _LOGGED_HEAD.size or _LOGGED_HEAD.unpack_from(payload)[2] != OpCode.RECONFIG:
+        return None
+    body = decode_logged_in_full(payload).body
+    return body.config if isinstance(body, ReconfigTxn) else None
 
 
 def decode_logged(payload: bytes) -> Logged:
@@ -402,6 +447,8 @@ def decode_logged_in_full(payload: bytes) -> Logged:
             body = CloseSessionTxn(r.read_vector("paths", lambda: r.read_ustring("path"), 4))
         elif op == OpCode.SYNC:
             body = SyncTxn(r.read_ustring("path"))
+        elif op == OpCode.RECONFIG:
+            body = ReconfigTxn(r.read_ustring("config"))
         elif op == OpCode.ERROR:
             body = ErrorTxn(ErrorCode(r.read_int("code")), _read_codes(r))
         else:

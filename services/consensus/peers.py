@@ -50,8 +50,10 @@ log = logging.getLogger(__name__)
 # of three leaves out the Commits that followers infer from its own Acks (zab/node.py),
 # which a version-1 follower would wait for. Version 3: transactions may carry null znode
 # data and snapshots are tree format 2 (tree/snapshot.py), which a version-2 member would
-# read as empty data or refuse.
-MAGIC: Final = b"DLZAB\x00\x00\x03"
+# read as empty data or refuse. Version 4: observers, with the leader's Inform (type 16)
+# and the OBSERVING state code, and the active configuration carried by Notification and
+# NewLeader (zab/wire.py), all of which a version-3 member would refuse.
+MAGIC: Final = b"DLZAB\x00\x00\x04"
 _HANDSHAKE: Final = struct.Struct(">8si")
 HANDSHAKE_TIMEOUT: Final = 5.0  # seconds to connect and finish the handshake
 FLUSH_FRAMES: Final = 32  # frames queued in one event-loop turn before they are written anyway

@@ -6,6 +6,7 @@ The YAML file names every member's addresses, so the same file starts the whole 
       1: {client: "127.0.0.1:2181", peer: "127.0.0.1:2881", metrics: "127.0.0.1:7181"}
       2: {client: "127.0.0.1:2182", peer: "127.0.0.1:2882", metrics: "127.0.0.1:7182"}
       3: {client: "127.0.0.1:2183", peer: "127.0.0.1:2883", metrics: "127.0.0.1:7183"}
+      4: {client: "127.0.0.1:2184", peer: "127.0.0.1:2884", role: observer}
     data_dir: data/consensus      # member N keeps its files in <data_dir>/<N>
     quorum: majority              # or "all": every member acks each proposal
     force_sync: true              # fsync the transaction log before acking (ZooKeeper's forceSync)
@@ -14,6 +15,11 @@ A member may also serve clients over TLS (``secure_client``, ZooKeeper's secureC
 with ``client_tls``), leave the plaintext ``client`` address out, run ZAB between members
 over mutual TLS (``quorum_tls``, ZooKeeper's sslQuorum) and authenticate clients with SASL
 DIGEST-MD5 (``sasl_users`` / ``sasl_jaas_file``); docs/consensus.md, "Security".
+
+A member with ``role: observer`` (ZooKeeper's ``peerType=observer`` and ``:observer`` on
+its ``server.N`` line) syncs with the leader, serves reads and watches and forwards writes,
+but never votes nor counts in a quorum; the voters (``participant``, the default) alone
+make the quorums.
 
 Every other key has a default that runs on a laptop; ``DIRECTLOG_CONSENSUS_*`` environment
 variables override the file.
@@ -46,6 +52,7 @@ class MemberAddresses(BaseModel):
     secure_client: str | None = None  # the same over TLS (ZooKeeper's secureClientPort)
     peer: str  # ZAB traffic between members
     metrics: str | None = None  # Prometheus /metrics; none when unset
+    role: Literal["participant", "observer"] = "participant"  # ZooKeeper's server.N role
 
     @field_validator("client", "secure_client", "peer", "metrics")
     @classmethod
@@ -94,6 +101,11 @@ class ConsensusSettings(ServiceSettings):
     # Cut off from the quorum, serve read-only sessions from the local tree (ZooKeeper's
     # readonlymode.enabled; docs/consensus.md, "Read-only mode").
     read_only_mode: bool = False
+    # Let super users change the membership with reconfig (ZooKeeper's reconfigEnabled;
+    # dynamic_config.py). ``super_digest`` is ZooKeeper's superDigest, "super:<base64
+    # sha1 of super:password>": a session that adds that digest auth is a super user.
+    reconfig_enabled: bool = False
+    super_digest: SecretStr | None = None
 
     @field_validator("members")
     @classmethod
@@ -102,6 +114,8 @@ class ConsensusSettings(ServiceSettings):
             raise ValueError("at least one member is needed")
         if any(not 1 <= i <= 255 for i in members):
             raise ValueError("member ids must be 1..255 (they prefix session ids)")
+        if all(m.role == "observer" for m in members.values()):
+            raise ValueError("at least one member must be a participant (a voter)")
         return members
 
     @model_validator(mode="after")
@@ -125,6 +139,15 @@ class ConsensusSettings(ServiceSettings):
         if self.sasl_required and not self.sasl_users and self.sasl_jaas_file is None:
             raise ValueError("sasl_required needs sasl_users or sasl_jaas_file")
         return self
+
+    @property
+    def voters(self) -> list[int]:
+        """The participants' ids: they elect the leader and make every quorum."""
+        return sorted(i for i, m in self.members.items() if m.role == "participant")
+
+    @property
+    def observers(self) -> list[int]:
+        return sorted(i for i, m in self.members.items() if m.role == "observer")
 
     @property
     def min_session_timeout(self) -> int:

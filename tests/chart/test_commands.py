@@ -208,7 +208,8 @@ def test_consensus_members_from_ordinals(
     assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
     spec = sts["spec"]["template"]["spec"]
     container = _container(spec, "consensus")
-    for ordinal in range(size):
+    # Two more: pods a `kubectl scale` adds name themselves too, to join by reconfig.
+    for ordinal in range(size + 2):
         workdir = tmp_path / str(ordinal)
         facts = PodFacts(f"{component('consensus')}-{ordinal}", NAMESPACE)
         files = {"/etc/directlog/consensus.yaml": config_map["data"]["consensus.yaml"]}
@@ -218,7 +219,7 @@ def test_consensus_members_from_ordinals(
         # as ConsensusSettings.load(config) reads it, without leaving the variable behind
         monkeypatch.setenv(ConsensusSettings.config_env, str(config))
         settings = ConsensusSettings()
-        assert sorted(settings.members) == list(range(1, size + 1))
+        assert sorted(settings.members) == list(range(1, max(size, ordinal + 1) + 1))
         for member_id, addresses in settings.members.items():
             own = member_id == ordinal + 1
             host = _listen_host(name) if own else _host("consensus", member_id - 1)

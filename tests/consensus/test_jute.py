@@ -48,6 +48,7 @@ from services.consensus.jute import (
     PathResponse,
     PathWatchRequest,
     Perm,
+    ReconfigRequest,
     ReplyHeader,
     RequestBody,
     RequestHeader,
@@ -334,6 +335,7 @@ requests: st.SearchStrategy[tuple[int, RequestBody | None]] = st.one_of(
     ),
     st.tuples(st.just(OpCode.AUTH), st.builds(AuthPacket, int32, text, data)),
     st.tuples(st.just(OpCode.SET_WATCHES), st.builds(SetWatches, int64, names, names, names)),
+    st.tuples(st.just(OpCode.RECONFIG), st.builds(ReconfigRequest, text, text, text, int64)),
     st.tuples(st.sampled_from([OpCode.PING, OpCode.CLOSE_SESSION]), st.none()),
 )
 
@@ -442,6 +444,12 @@ def test_kazoo_requests_decode() -> None:
         (k.Sync("/a"), OpCode.SYNC, PathRequest("/a")),
         (k.CheckVersion("/a", 9), OpCode.CHECK, CheckVersionRequest("/a", 9)),
         (k.Auth(0, "digest", "u:p"), OpCode.AUTH, AuthPacket(0, "digest", b"u:p")),
+        # kazoo writes an absent string as null: it reads as "".
+        (
+            k.Reconfig("server.4=h:1:1;2181", None, None, -1),
+            OpCode.RECONFIG,
+            ReconfigRequest("server.4=h:1:1;2181", "", "", -1),
+        ),
         (
             k.Transaction([k.Create("/t", b"d", k_acl, 0), k.Delete("/u", -1)]),
             OpCode.MULTI,

@@ -15,6 +15,8 @@ from services.consensus.payloads import (
     ErrorTxn,
     Logged,
     PayloadError,
+    Reconfig,
+    ReconfigTxn,
     SyncRequest,
     SyncTxn,
     Write,
@@ -26,6 +28,7 @@ from services.consensus.payloads import (
     encode_logged_in_full,
     encode_write,
     encode_write_in_full,
+    reconfig_of,
 )
 from services.consensus.tree import (
     ACL,
@@ -73,6 +76,8 @@ WRITES: list[Write] = [
     CloseSession(),
     DeleteContainer("/c"),
     SyncRequest("/"),
+    Reconfig("server.4=h:1:1;2181", "2,3", "", 0x1_0000_0007),
+    Reconfig("", "", "server.1=h:1:1;2181,server.2=h:2:2:observer;2182", -1),
 ]
 
 BODIES = [
@@ -89,6 +94,7 @@ BODIES = [
     CloseSessionTxn(("/e1", "/e2")),
     SyncTxn("/s"),
     ErrorTxn(ErrorCode.NODEEXISTS),
+    ReconfigTxn("server.1=h:1:1:participant;h:2181\nversion=100000007"),
     ErrorTxn(ErrorCode.NONODE, (ErrorCode.OK, ErrorCode.NONODE, ErrorCode.RUNTIMEINCONSISTENCY)),
 ]
 
@@ -103,6 +109,15 @@ def test_write_round_trip(request_: Write) -> None:
 def test_transaction_round_trip(body: object) -> None:
     logged = Logged(1_795_000_000_000, 0x0100_0000_0000_002A, body)  # type: ignore[arg-type]
     assert decode_logged(encode_logged(logged)) == logged
+
+
+def test_reconfig_of_names_only_reconfig_transactions() -> None:
+    text = "server.1=h:1:1:participant;h:2181\nversion=100000007"
+    assert reconfig_of(encode_logged(Logged(1, 2, ReconfigTxn(text)))) == text
+    for body in BODIES:
+        if not isinstance(body, ReconfigTxn):
+            assert reconfig_of(encode_logged(Logged(1, 2, body))) is None  # type: ignore[arg-type]
+    assert reconfig_of(b"") is None
 
 
 def test_null_data_is_a_null_buffer_and_empty_an_empty_one() -> None:

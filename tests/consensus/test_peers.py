@@ -250,11 +250,12 @@ def test_strangers_are_refused_and_good_links_keep_working(
 
         await refused(handshake(1, magic=b"DLZAB\x00\x00\x01") + encode(Ping(1, 0)))  # v1
         await refused(handshake(1, magic=b"DLZAB\x00\x00\x02") + encode(Ping(1, 0)))  # v2
+        await refused(handshake(1, magic=b"DLZAB\x00\x00\x03") + encode(Ping(1, 0)))  # v3
         await refused(handshake(9))  # not a member
         await refused(handshake(2))  # its own id
         await refused(handshake(2), port=members[1].port)  # 2 > 1: 1 must dial 2, not accept
         await refused(os.urandom(64))  # garbage
-        refusals = 6
+        refusals = 7
         await wait_until("refusal logs", lambda: len(caplog.records) == refusals)
 
         async def accepted_then_dropped(frames: bytes) -> None:

@@ -337,6 +337,37 @@ VARIANTS: dict[str, tuple[range, SimConfig]] = {
         range(4000, 4040),
         SimConfig(nodes=5, drop_prob=0.01, crash_prob=0.01, partition_prob=0.01),
     ),
+    "n3-observers": (range(8000, 8060), SimConfig(observers=2, crash_prob=0.01)),
+    "n3-observers-snap": (
+        range(8100, 8140),
+        SimConfig(observers=2, diff_window=3, crash_prob=0.01, compact_prob=0.05),
+    ),
+    "n5-observer": (
+        range(8200, 8240),
+        SimConfig(nodes=5, observers=1, drop_prob=0.01, crash_prob=0.01, partition_prob=0.01),
+    ),
+    # Random reconfigurations among five nodes, two of them outside the starting one.
+    "reconfig": (range(9000, 9100), SimConfig(spares=2, reconfig_prob=0.02, ticks=1500)),
+    "reconfig-observer": (
+        range(9100, 9160),
+        SimConfig(observers=1, spares=1, reconfig_prob=0.03, crash_prob=0.01),
+    ),
+    "reconfig-heavy": (
+        range(9200, 9240),
+        SimConfig(
+            spares=2,
+            reconfig_prob=0.03,
+            drop_prob=0.02,
+            crash_prob=0.01,
+            partition_prob=0.01,
+            max_delay=5,
+            disk_delay=5,
+        ),
+    ),
+    "reconfig-snap": (
+        range(9300, 9340),
+        SimConfig(spares=2, reconfig_prob=0.03, diff_window=3, crash_prob=0.01, compact_prob=0.05),
+    ),
 }
 
 
@@ -349,7 +380,7 @@ def test_regression_seeds(seed: int, config: SimConfig) -> None:
 def test_simulation_seeds(variant: str) -> None:
     seeds, config = VARIANTS[variant]
     started = time.monotonic()
-    commits = elections = snaps = inferred = 0
+    commits = elections = snaps = inferred = configs = 0
     for seed in seeds:
         try:
             sim = run_seed(seed, config)
@@ -359,13 +390,17 @@ def test_simulation_seeds(variant: str) -> None:
         elections += sim.stats["elections"]
         snaps += sim.stats["snaps"]
         inferred += sim.stats["inferred"]
+        configs += len(sim.configs)
     # Guard against a vacuous pass: the runs must make real progress through faults.
     assert commits > 50 * len(seeds), commits
     assert elections > len(seeds), elections
     if config.compact_prob:
         assert snaps > len(seeds), snaps  # SNAP syncs that carried a real snapshot
-    # Followers commit on the leader's own Ack exactly when the two make a quorum.
-    pair_quorum = config.nodes == 3 and config.quorum == "majority"
-    assert (inferred > len(seeds)) if pair_quorum else (inferred == 0), inferred
+    if config.reconfig_prob:
+        assert configs > len(seeds), configs  # configurations made active
+    else:
+        # Followers commit on the leader's own Ack exactly when the two make a quorum.
+        pair_quorum = config.nodes == 3 and config.quorum == "majority"
+        assert (inferred > len(seeds)) if pair_quorum else (inferred == 0), inferred
     elapsed = time.monotonic() - started
     print(f"{variant}: {len(seeds)} seeds, {commits} commits, {snaps} snapshots, {elapsed:.1f}s")

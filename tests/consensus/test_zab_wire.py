@@ -20,7 +20,9 @@ from services.consensus.zab.messages import (
     Commit,
     Forward,
     ForwardReply,
+    Inform,
     Message,
+    NewLeader,
     Notification,
     Proposal,
     ServerState,
@@ -77,7 +79,7 @@ def decode_one(frame: bytes) -> Message:
 
 def test_every_message_class_is_covered() -> None:
     # Type codes follow the order of the Message union; test_round_trip checks each one.
-    assert len(MESSAGE_CLASSES) == 15
+    assert len(MESSAGE_CLASSES) == 16
 
 
 def test_known_answer_notification() -> None:
@@ -85,7 +87,8 @@ def test_known_answer_notification() -> None:
         sender=3, leader=-1, zxid=0x1_0000_0002, peer_epoch=1, election_epoch=7,
         state=ServerState.LEADING,
     )  # fmt: skip
-    body = struct.pack(">iqqqB", -1, 0x1_0000_0002, 1, 7, 2)
+    # No configuration known: version 0 and two empty id lists.
+    body = struct.pack(">iqqqBqII", -1, 0x1_0000_0002, 1, 7, 2, 0, 0, 0)
     assert encode(msg) == struct.pack(">IBi", 5 + len(body), 1, 3) + body
 
 
@@ -109,6 +112,20 @@ def test_known_answer_per_write_messages() -> None:
     assert encode(Commit(1, 2, 3)) == frame(11, struct.pack(">qq", 2, 3))
     assert decode_one(frame(14, body)) == Forward(1, 2, 3, b"ab")
     assert decode_one(frame(15, struct.pack(">qqBq", 2, 3, 1, 4))) == ForwardReply(1, 2, 3, 4)
+
+
+def test_known_answer_version_4_messages() -> None:
+    # Protocol version 4: the leader's Inform to observers, an observer's state code, and
+    # the configuration carried by votes and NEWLEADER.
+    assert encode(Inform(1, 2, LogEntry(3, b"ab"))) == frame(
+        16, struct.pack(">qqI", 2, 3, 2) + b"ab"
+    )
+    note = Notification(5, 3, 7, 1, 2, ServerState.OBSERVING, 9, (1, 2), (5,))
+    body = struct.pack(">iqqqBqIqqIq", 3, 7, 1, 2, 3, 9, 2, 1, 2, 1, 5)
+    assert encode(note) == frame(1, body, sender=5)
+    assert decode_one(encode(note)) == note
+    leader = NewLeader(1, 4, 10, 9, (1, 2, 3), ())
+    assert encode(leader) == frame(6, struct.pack(">qqqIqqqI", 4, 10, 9, 3, 1, 2, 3, 0))
 
 
 @pytest.mark.parametrize("cls", MESSAGE_CLASSES, ids=lambda c: c.__name__)
@@ -193,7 +210,7 @@ def frame(type_code: int, body: bytes, sender: int = 1) -> bytes:
         (frame(15, struct.pack(">qqBq", 0, 0, 0, 5)), "ForwardReply: 8 trailing bytes"),
         (frame(15, struct.pack(">qqB", 0, 0, 1)), "ForwardReply.zxid: body too short"),
         (frame(10, struct.pack(">qqB", 0, 0, 0)), "Ack: 1 trailing bytes"),
-        (frame(1, struct.pack(">iqqqB", 0, 0, 0, 0, 3)), "unknown ServerState code 3"),
+        (frame(1, struct.pack(">iqqqB", 0, 0, 0, 0, 4)), "unknown ServerState code 4"),
         (frame(5, struct.pack(">qBqI", 0, 9, 0, 0)), "unknown SyncMode code 9"),
         (frame(4, struct.pack(">qqqI", 0, 0, 0, 2) + b"\0" * 15), "epoch_ends: 2 items"),
         (frame(5, struct.pack(">qBqI", 0, 0, 0, 1) + b"\0" * 11), "entries: 1 items"),

@@ -9,11 +9,17 @@ was not yet written, keeping the hard state, the snapshot and the durable log. N
 at random: the state machine's image (the applied zxids) becomes the snapshot and the log
 before it is dropped, so SNAP syncs carry real snapshots.
 
+With ``reconfig_prob`` the leader now and then proposes a new configuration (an entry whose
+payload names voters and observers among every node, ``spares`` included: those start
+outside the configuration, from a stale one); each node keeps the configuration it made
+active on its disk, as the driver does, and starts from it.
+
 Checks run as the simulation goes: at most one established leader per epoch; every node's
 applied sequence (per incarnation, from the start of the log) is a prefix of one common
 history with strictly increasing zxids; every write reported committed to a client is in
-that history with the same payload. ``finish()`` heals everything and demands that the
-ensemble converges with every committed write applied on every node.
+that history with the same payload; a configuration version names one membership on every
+node. ``finish()`` heals everything and demands that the ensemble converges with every
+committed write applied on every node, and every node in one configuration.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from services.consensus.zab import (
     Committed,
     HardState,
     LogEntry,
+    Membership,
     Message,
     Node,
     PersistedState,
@@ -51,7 +58,9 @@ def _link(a: int, b: int) -> Link:
 
 @dataclass
 class SimConfig:
-    nodes: int = 3
+    nodes: int = 3  # voters, ids 1..nodes
+    observers: int = 0  # ids after the voters'
+    spares: int = 0  # ids after the observers': outside the starting configuration
     quorum: QuorumMode = "majority"
     ticks: int = 1000
     election_ticks: int = 10
@@ -67,6 +76,25 @@ class SimConfig:
     diff_window: int = 1000
     max_in_flight: int = 64
     compact_prob: float = 0.0  # per tick: one live node snapshots its applied state
+    reconfig_prob: float = 0.0  # per tick: the leader proposes a new configuration
+
+
+CONFIG_PREFIX = b"config:"
+
+
+def config_payload(voters: list[int], observers: list[int]) -> bytes:
+    text = ",".join(map(str, voters)) + "|" + ",".join(map(str, observers))
+    return CONFIG_PREFIX + text.encode()
+
+
+def config_of(payload: bytes) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    if not payload.startswith(CONFIG_PREFIX):
+        return None
+    voters, observers = payload[len(CONFIG_PREFIX) :].decode().split("|")
+    return (
+        tuple(int(v) for v in voters.split(",") if v),
+        tuple(int(o) for o in observers.split(",") if o),
+    )
 
 
 @dataclass
@@ -75,6 +103,7 @@ class Disk:
     log: list[LogEntry] = field(default_factory=list)
     pending: list[tuple[int, LogEntry]] = field(default_factory=list)  # (ready_at, entry)
     snap: Snapshot = EMPTY_SNAPSHOT
+    config: Membership = field(default_factory=lambda: Membership(0, (1,)))  # Simulation sets it
 
     def snapshot(self) -> PersistedState:
         return PersistedState(self.hard_state, tuple(self.log), self.snap)
@@ -107,10 +136,17 @@ class Simulation:
         self.seed = seed
         self.cfg = config
         self.rng = random.Random(seed)
-        self.ids = list(range(1, config.nodes + 1))
-        self.disks = {i: Disk() for i in self.ids}
+        self.voters = list(range(1, config.nodes + 1))
+        self.observers = list(range(config.nodes + 1, config.nodes + config.observers + 1))
+        last = config.nodes + config.observers
+        self.spares = list(range(last + 1, last + config.spares + 1))
+        self.ids = self.voters + self.observers + self.spares
+        static = Membership(0, tuple(self.voters), tuple(self.observers))
+        self.disks = {i: Disk(config=static) for i in self.ids}
         for i, state in (initial or {}).items():
             self.disks[i] = Disk(state.hard_state, list(state.log), snap=state.snapshot)
+            self.disks[i].config = static
+        self.configs: dict[int, Membership] = {}  # version -> membership, as activated
         self.nodes: dict[int, Node | None] = {}
         self.now = 0
         self._seq = 0
@@ -152,9 +188,13 @@ class Simulation:
     def _start(self, i: int) -> None:
         self._incarnation[i] += 1
         self.applied[i] = self._image(i, self.disks[i].snap)
+        disk = self.disks[i]
         node = Node(
             i,
-            self.ids,
+            disk.config.voters,
+            observers=disk.config.observers,
+            config_version=disk.config.version,
+            config_of=config_of,
             quorum=self.cfg.quorum,
             election_ticks=self.cfg.election_ticks,
             heartbeat_ticks=self.cfg.heartbeat_ticks,
@@ -188,6 +228,13 @@ class Simulation:
             t = rd.truncate_to
             disk.log = [e for e in disk.log if e.zxid <= t]
             disk.pending = [(at, e) for at, e in disk.pending if e.zxid <= t]
+        if rd.config is not None:
+            seen = self.configs.setdefault(rd.config.version, rd.config)
+            if seen != rd.config:
+                self.fail(f"node {i} made {rd.config} active, another node {seen}")
+            if rd.config.version < disk.config.version:
+                self.fail(f"node {i} went back from {disk.config} to {rd.config}")
+            disk.config = rd.config
         if rd.snapshot is not None:
             disk.snap = rd.snapshot
             self.applied[i] = self._image(i, rd.snapshot)
@@ -336,13 +383,19 @@ class Simulation:
         rng = self.rng
         cfg = self.cfg
         down = [i for i in self.ids if self.nodes[i] is None]
-        if rng.random() < cfg.crash_prob and len(down) < (cfg.nodes + 1) // 2:
-            self.crash(rng.choice([i for i in self.ids if self.nodes[i] is not None]))
+        voters_down = sum(1 for i in down if i in self.voters or i in self.spares)
+        if rng.random() < cfg.crash_prob:
+            # Past this many voters down, only observers crash (all of them may be down).
+            up = [i for i in self.ids if self.nodes[i] is not None]
+            if voters_down >= (cfg.nodes + 1) // 2:
+                up = [i for i in up if i in self.observers]
+            if up:
+                self.crash(rng.choice(up))
         for i in down:
             if rng.random() < cfg.restart_prob:
                 self._start(i)
         if not self._partitioned and rng.random() < cfg.partition_prob:
-            side = set(rng.sample(self.ids, rng.randint(1, cfg.nodes // 2)))
+            side = set(rng.sample(self.ids, rng.randint(1, len(self.ids) // 2)))
             for a in self.ids:
                 for b in self.ids:
                     if a < b and ((a in side) != (b in side)):
@@ -354,6 +407,38 @@ class Simulation:
             up = [i for i in self.ids if self.nodes[i] is not None]
             if up:
                 self.compact(rng.choice(up))
+
+    def _reconfigure(self) -> None:
+        """The leader proposes a random configuration, as a driver would: only with no
+        configuration pending, a synced quorum of the new voters (NewConfigNoQuorum), and
+        no observer made a voter at once (it must leave first: it acks nothing)."""
+        rng = self.rng
+        # No draw without reconfiguration: seeds of the other runs replay as they did.
+        if not self.cfg.reconfig_prob or rng.random() >= self.cfg.reconfig_prob:
+            return
+        leaders = [
+            n for n in self.nodes.values() if n is not None and n.role == ServerState.LEADING
+        ]
+        if len(leaders) != 1 or leaders[0].pending_config is not None:
+            return
+        lead = leaders[0]
+        ids = list(self.ids)
+        rng.shuffle(ids)
+        voters = sorted(ids[: rng.randint(2, len(ids))])
+        observers = sorted(i for i in ids if i not in voters and rng.random() < 0.5)
+        if set(voters) & set(lead.config.observers) or not lead.synced_quorum(voters):
+            return
+        self.reconfigure(lead.id, voters, observers)
+
+    def reconfigure(self, i: int, voters: list[int], observers: list[int]) -> ProposeResult:
+        """Node ``i`` proposes a configuration (as the leader would after its checks)."""
+        node = self.node(i)
+        payload = config_payload(voters, observers)
+        result = node.propose(payload)
+        if isinstance(result, Accepted):
+            self._requests[(i, self._incarnation[i], result.request_id)] = payload
+        self._drain(i)
+        return result
 
     def _client(self) -> None:
         if self.rng.random() >= self.cfg.propose_prob:
@@ -391,6 +476,7 @@ class Simulation:
         self._deliver_due()
         if self.clients:
             self._client()
+            self._reconfigure()
 
     def run(self) -> None:
         for _ in range(self.cfg.ticks):
@@ -460,6 +546,9 @@ class Simulation:
         for i in self.ids:
             if self.applied[i] != final:
                 self.fail(f"node {i} applied a different sequence")
+        configs = {i: self.node(i).config for i in self.ids}
+        if len(set(configs.values())) != 1:
+            self.fail(f"nodes ended in different configurations: {configs}")
         in_final = {e.zxid: e.payload for e in final}
         for zxid, payload in self.acknowledged.items():
             if in_final.get(zxid) != payload:

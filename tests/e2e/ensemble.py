@@ -44,6 +44,7 @@ class Ensemble:
         peer_route: Callable[[int, int], str] | None = None,
         secure_client: bool = False,
         member_settings: Mapping[int, dict[str, Any]] | None = None,
+        observers: Sequence[int] = (),
     ) -> None:
         """``member_hosts``: the address each member binds (client, peer and metrics ports),
         127.0.0.1 when not given. ``command_prefix``: argv put before a member's command
@@ -52,7 +53,8 @@ class Ensemble:
         serves a TLS client port (``secure_ports``; ``settings`` must hold client_tls).
         ``member_settings``: settings of one member over ``settings``. With ``peer_route``
         or ``member_settings`` each member gets a config file of its own
-        (``ensemble-<i>.yaml``)."""
+        (``ensemble-<i>.yaml``). ``observers``: ids (among 1..size) that run as observers
+        (``role: observer``)."""
         self.work_dir = Path(work_dir)
         self.ids = list(range(1, size + 1))
         self.client_ports = {i: free_port() for i in self.ids}
@@ -72,6 +74,8 @@ class Ensemble:
         self.command_prefix = {i: list(p) for i, p in (command_prefix or {}).items()}
         self.peer_route = peer_route
         self.member_settings = {i: dict(m) for i, m in (member_settings or {}).items()}
+        self.observers = list(observers)
+        assert set(self.observers) < set(self.ids), (observers, self.ids)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.exit_codes: dict[int, list[int]] = {i: [] for i in self.ids}
 
@@ -123,6 +127,8 @@ class Ensemble:
         }
         for i, port in self.secure_ports.items():
             members[i]["secure_client"] = f"{self.address(i)}:{port}"
+        for i in self.observers:
+            members[i]["role"] = "observer"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({"members": members, **self.settings}))
         if self.member_config_path(self.ids[0]) != self.config_path:
@@ -183,7 +189,8 @@ class Ensemble:
     # -- state -------------------------------------------------------------------------
 
     def mode(self, member: int) -> str | None:
-        """`leader`, `follower`, `looking`, or None when the member does not answer."""
+        """`leader`, `follower`, `observer`, `looking`, or None when the member does not
+        answer."""
         try:
             answer = ask(self.client_ports[member], "mntr", host=self.address(member))
         except OSError:
@@ -201,14 +208,15 @@ class Ensemble:
 
     def wait_serving(self, members: list[int] | None = None, timeout: float = 30.0) -> int:
         """Wait until every given member (default: all running) serves, with exactly one
-        leader among them; returns the leader's id."""
+        leader among them (observers observe); returns the leader's id."""
         deadline = time.monotonic() + timeout
         modes: dict[int, str | None] = {}
         while time.monotonic() < deadline:
             wanted = members if members is not None else self.running()
             modes = {i: self.mode(i) for i in wanted}
             leaders = [i for i, m in modes.items() if m == "leader"]
-            if len(leaders) == 1 and all(m in ("leader", "follower") for m in modes.values()):
+            serving = ("leader", "follower", "observer")
+            if len(leaders) == 1 and all(m in serving for m in modes.values()):
                 return leaders[0]
             if len(wanted) == 1 and modes.get(wanted[0]) == "standalone":
                 return wanted[0]

@@ -27,6 +27,7 @@ from services.consensus.jute.records import (
     PathRequest,
     PathResponse,
     PathWatchRequest,
+    ReconfigRequest,
     ReplyHeader,
     RequestHeader,
     SaslToken,
@@ -49,6 +50,7 @@ RequestBody = (
     | AuthPacket
     | SaslToken
     | SetWatches
+    | ReconfigRequest
 )
 
 ResponseBody = (
@@ -84,6 +86,7 @@ REQUEST_BODIES: dict[int, Callable[[Reader], RequestBody]] = {
     OpCode.AUTH: AuthPacket.read,
     OpCode.SASL: SaslToken.read,
     OpCode.SET_WATCHES: SetWatches.read,
+    OpCode.RECONFIG: ReconfigRequest.read,
 }
 
 RESPONSE_BODIES: dict[int, Callable[[Reader], ResponseBody]] = {
@@ -99,6 +102,7 @@ RESPONSE_BODIES: dict[int, Callable[[Reader], ResponseBody]] = {
     OpCode.SYNC: PathResponse.read,
     OpCode.MULTI: MultiResponse.read,
     OpCode.SASL: SaslToken.read,
+    OpCode.RECONFIG: GetDataResponse.read,
 }
 
 

@@ -386,6 +386,34 @@ class SetDataRequest:
 
 
 @record
+class ReconfigRequest:
+    """Body of reconfig (16). Incremental: ``joining_servers`` (comma-separated
+    ``server.N=...`` strings) and ``leaving_servers`` (comma-separated ids); or a whole
+    new configuration in ``new_members``. Absent strings read as ""."""
+
+    joining_servers: str
+    leaving_servers: str
+    new_members: str
+    cur_config_id: int
+
+    def write(self, w: Writer) -> None:
+        # An empty string goes out null, as clients send it: ZooKeeper takes any non-null
+        # newMembers, even "", for a whole new configuration.
+        for text in (self.joining_servers, self.leaving_servers, self.new_members):
+            w.write_buffer(text.encode("utf-8") if text else None)
+        w.write_long(self.cur_config_id)
+
+    @classmethod
+    def read(cls, r: Reader) -> Self:
+        return cls(
+            r.read_ustring("ReconfigRequest.joiningServers"),
+            r.read_ustring("ReconfigRequest.leavingServers"),
+            r.read_ustring("ReconfigRequest.newMembers"),
+            r.read_long("ReconfigRequest.curConfigId"),
+        )
+
+
+@record
 class SetACLRequest:
     path: str
     acl: tuple[ACL, ...]

@@ -18,6 +18,8 @@ from services.consensus.jute.records import ACL, Id
 from services.consensus.tree.errors import KeeperError
 
 ANYONE = Id("world", "anyone")
+# A session that proved the configured super digest: every ACL lets it through.
+SUPER = Id("super", "")
 # The schemes whose ids a session proves; ZooKeeper's `auth` ACL expands to these.
 AUTHENTICATED_SCHEMES = frozenset({"digest", "sasl", "x509"})
 OPEN_ACL_UNSAFE: tuple[ACL, ...] = (ACL(int(Perm.ALL), ANYONE),)
@@ -72,7 +74,7 @@ def fixup_acl(acl: tuple[ACL, ...], auth: frozenset[Id]) -> tuple[ACL, ...]:
 
 def check_acl(acl: tuple[ACL, ...], perm: Perm, auth: frozenset[Id], path: str = "") -> None:
     """Raise NOAUTH unless some entry grants `perm` to anyone or to one of `auth`."""
-    if not acl:
+    if not acl or SUPER in auth:
         return
     bits = int(perm)  # int & IntFlag would run the enum's Python-level __rand__
     for entry in acl:

@@ -20,6 +20,7 @@ from services.consensus.zab.state import (
     EMPTY_SNAPSHOT,
     HardState,
     LogEntry,
+    Membership,
     PersistedState,
     Snapshot,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "Committed",
     "HardState",
     "LogEntry",
+    "Membership",
     "Message",
     "Node",
     "NotLeader",

@@ -1,8 +1,7 @@
-"""Fast leader election: vote order and quorum tallies."""
+"""Fast leader election: the vote order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -14,11 +13,3 @@ class Vote:
     peer_epoch: int
     zxid: int
     leader: int
-
-
-def better_vote(a: Vote, b: Vote) -> Vote:
-    return a if a >= b else b
-
-
-def votes_for(votes: Iterable[Vote], leader: int) -> int:
-    return sum(1 for v in votes if v.leader == leader)

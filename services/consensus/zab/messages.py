@@ -16,6 +16,7 @@ class ServerState(Enum):
     LOOKING = "looking"
     FOLLOWING = "following"
     LEADING = "leading"
+    OBSERVING = "observing"  # an observer that found its leader: never votes nor acks
 
 
 class SyncMode(Enum):
@@ -26,7 +27,9 @@ class SyncMode(Enum):
 
 @record
 class Notification:
-    """Fast leader election vote: (peer_epoch, zxid, leader) in lexicographic order."""
+    """Fast leader election vote: (peer_epoch, zxid, leader) in lexicographic order. It
+    carries the sender's active configuration, as ZooKeeper's does, so that a member that
+    missed a reconfiguration (or started from a stale file) learns it while it looks."""
 
     sender: int
     leader: int
@@ -34,6 +37,9 @@ class Notification:
     peer_epoch: int
     election_epoch: int
     state: ServerState
+    config_version: int = 0
+    voters: tuple[int, ...] = ()
+    observers: tuple[int, ...] = ()
 
 
 @record
@@ -76,9 +82,15 @@ class Sync:
 
 @record
 class NewLeader:
+    """Carries the leader's active configuration, which a learner adopts when it is newer
+    than its own (it may have missed the commit, or started from a stale file)."""
+
     sender: int
     epoch: int
     zxid: int
+    config_version: int = 0
+    voters: tuple[int, ...] = ()
+    observers: tuple[int, ...] = ()
 
 
 @record
@@ -118,6 +130,16 @@ class Commit:
     sender: int
     epoch: int
     zxid: int
+
+
+@record
+class Inform:
+    """To an observer: ``entry`` is committed (ZooKeeper's INFORM, a proposal and its
+    commit in one). Observers get no Proposal, Commit or Ack; each committed entry once."""
+
+    sender: int
+    epoch: int
+    entry: LogEntry
 
 
 @record
@@ -172,4 +194,5 @@ Message = (
     | PingAck
     | Forward
     | ForwardReply
+    | Inform
 )

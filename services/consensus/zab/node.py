@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from services.consensus.zab.election import Vote, better_vote, votes_for
+from services.consensus.zab.election import Vote
 from services.consensus.zab.messages import (
     Ack,
     AckEpoch,
@@ -31,6 +31,7 @@ from services.consensus.zab.messages import (
     FollowerInfo,
     Forward,
     ForwardReply,
+    Inform,
     Message,
     NewEpoch,
     NewLeader,
@@ -59,6 +60,7 @@ from services.consensus.zab.state import (
     EMPTY_SNAPSHOT,
     HardState,
     LogEntry,
+    Membership,
     PersistedState,
     Snapshot,
 )
@@ -67,9 +69,18 @@ from services.consensus.zab.zxid import COUNTER_MASK, make_zxid, zxid_counter, z
 
 QuorumMode = Literal["majority", "all"]
 
+# The vote of a member that may not lead: below every candidate's.
+_NO_CANDIDATE = Vote(-1, -1, -1)
+
+# The roles that learn from a leader.
+_LEARNING = (ServerState.FOLLOWING, ServerState.OBSERVING)
+
 # The leader's last word on a write before it is proposed: (zxid it will get, what the
 # client asked) -> the entry's payload. ZooKeeper's PrepRequestProcessor lives here.
 Prepare = Callable[[int, bytes], bytes]
+# Which entries change the configuration: an entry's payload -> the (voters, observers) it
+# proposes, or None for any other entry. Only the driver can read payloads.
+ConfigOf = Callable[[bytes], tuple[tuple[int, ...], tuple[int, ...]] | None]
 
 
 class Phase(Enum):
@@ -84,6 +95,7 @@ class _Session:
     """The leader's view of one follower during this leadership."""
 
     accepted_epoch: int
+    observer: bool = False  # gets Informs, never counts in a quorum
     ack_epoch: AckEpoch | None = None
     newleader_sent: bool = False
     newleader_acked: bool = False
@@ -105,6 +117,21 @@ class Node:
     without waiting for the leader to hear its Ack and answer with a Commit: the entry is on
     a quorum's logs, which is what makes it committed in ZAB. That takes one round trip off
     a follower's write latency, and the leader leaves out Commits such an inference covers.
+
+    ``observers`` (ZooKeeper's observers) sync with the leader like followers but never
+    vote, never ack, and count in no quorum; the leader sends them each committed entry
+    once (``Inform``). An observer looks for its leader by asking the voters, and follows
+    the one a quorum of them backs and that says it leads.
+
+    Reconfiguration (with ``config_of``): an entry that names a new configuration is
+    "pending" from the moment it is in the log. Until it commits, it and every entry after
+    it need acks from a commit quorum of the active voters AND of the new ones (so new
+    voters must be learners already: a member outside the configuration follows without a
+    vote, its acks counted for the configuration that names it). Elections, discovery and
+    NEWLEADER then need both quorums as well. When the entry commits, each member makes it
+    active (``Ready.config``); a leader that is no voter in it steps down once its Commit
+    is out, and a learner whose role changed rejoins in its new role. Only one pending
+    configuration at a time: the driver refuses a second (``pending_config``).
     """
 
     def __init__(
@@ -118,10 +145,11 @@ class Node:
         diff_window: int = 1000,
         max_in_flight: int = 256,
         prepare: Prepare | None = None,
+        observers: Iterable[int] = (),
+        config_version: int = 0,
+        config_of: ConfigOf | None = None,
     ) -> None:
         self.id = node_id
-        self.members: tuple[int, ...] = tuple(sorted(set(members)))
-        assert node_id in self.members, (node_id, self.members)
         assert quorum in ("majority", "all"), quorum
         assert 0 < heartbeat_ticks < election_ticks, (heartbeat_ticks, election_ticks)
         assert diff_window >= 0 and max_in_flight > 0
@@ -131,11 +159,15 @@ class Node:
         self.diff_window = diff_window
         self.max_in_flight = max_in_flight
         self._prepare = prepare
-        self._peers = tuple(m for m in self.members if m != node_id)
-        self._election_quorum = len(self.members) // 2 + 1
-        self._commit_quorum = len(self.members) if quorum == "all" else self._election_quorum
-        # A follower and its leader alone are a commit quorum: see the class docstring.
-        self._pair_quorum = len(self.members) > 1 and self._commit_quorum <= 2
+        self._config_of = config_of
+        self._set_membership(
+            Membership(config_version, tuple(sorted(set(members))), tuple(sorted(set(observers))))
+        )
+        # The newest configuration in the log, not yet committed (ZooKeeper's last seen).
+        self._pending: Membership | None = None
+        self._retire = False  # leader: step down once this Ready's Commits are out
+        self._rejoin = False  # learner: look again, to come back in its new role
+        self._commit_everyone = False  # leader: a Commit to every learner in the next Ready
 
         state = persisted_state if persisted_state is not None else PersistedState()
         hs = state.hard_state
@@ -150,6 +182,8 @@ class Node:
         self._persisted_zxid = self.last_zxid
         # Volatile: learnt again from the leader after a restart. A snapshot is committed.
         self._commit_zxid = self._snapshot.zxid
+        for entry in self._log:
+            self._note_config(entry)
 
         self.role = ServerState.LOOKING
         self.phase = Phase.ELECTION
@@ -204,14 +238,34 @@ class Node:
         last = self.last_zxid
         return last + 1 if zxid_epoch(last) == self.epoch else make_zxid(self.epoch, 1)
 
-    def learner_counts(self) -> tuple[int, int]:
-        """(followers taking part in this leadership, those of them in sync: NEWLEADER
-        acked), or (0, 0) unless leading; for metrics. Safe to call from another thread:
-        the table is copied in one C-level call before it is read."""
+    def learner_counts(self) -> tuple[int, int, int]:
+        """(learners taking part in this leadership, followers in sync: NEWLEADER acked,
+        observers in sync), or zeros unless leading; for metrics. Safe to call from another
+        thread: the table is copied in one C-level call before it is read."""
         if self.role != ServerState.LEADING:
-            return 0, 0
+            return 0, 0, 0
         sessions = list(self._sessions.values())
-        return len(sessions), sum(1 for s in sessions if s.newleader_acked)
+        synced = [s.observer for s in sessions if s.newleader_acked]
+        return len(sessions), synced.count(False), synced.count(True)
+
+    @property
+    def config(self) -> Membership:
+        """The active configuration."""
+        return self._config
+
+    @property
+    def pending_config(self) -> Membership | None:
+        return self._pending
+
+    def synced_quorum(self, voters: Iterable[int]) -> bool:
+        """Leading: do this leader and its synced followers hold a commit quorum of
+        ``voters``? (ZooKeeper's isQuorumSynced, which a reconfig must pass.)"""
+        if self.role != ServerState.LEADING or self.phase != Phase.BROADCAST:
+            return False
+        want = set(voters)
+        synced = {p for p, s in self._sessions.items() if s.newleader_acked and not s.observer}
+        synced.add(self.id)
+        return bool(want) and len(synced & want) >= self._need(len(want))
 
     @property
     def snapshot(self) -> Snapshot:
@@ -240,7 +294,8 @@ class Node:
             durable = self._persisted_zxid
             ack = Ack(self.id, self.epoch, durable)
             for peer, s in self._sessions.items():
-                if s.newleader_acked:
+                # Only a voter makes a commit quorum with the leader.
+                if s.newleader_acked and not s.observer and peer in self._voter_set:
                     self._send(peer, ack)
                     s.durable_sent = durable
         if self._commit_unsent:
@@ -248,11 +303,14 @@ class Node:
             # Ready, after the proposals it covers; none to a follower that infers it.
             self._commit_unsent = False
             commit = Commit(self.id, self.epoch, self._commit_zxid)
+            everyone = self._commit_everyone
+            self._commit_everyone = False
             for peer, s in self._sessions.items():
-                if s.newleader_sent and not (
-                    s.newleader_acked and self._commit_zxid <= s.durable_sent
-                ):
+                if s.newleader_sent and not s.observer and (everyone or not self._infers(peer, s)):
                     self._send(peer, commit)
+        if self._retire or self._rejoin:
+            self._retire = self._rejoin = False
+            self._become_looking()
         return self._out
 
     def has_ready(self) -> bool:
@@ -260,6 +318,8 @@ class Node:
             self._hard_dirty
             or self._commit_unsent
             or self._durable_unsent
+            or self._retire
+            or self._rejoin
             or not self._out.is_empty()
         )
 
@@ -282,7 +342,7 @@ class Node:
             elif self.phase == Phase.BROADCAST:
                 self._durable_unsent = self._pair_quorum
                 self._maybe_commit()
-        elif self.role == ServerState.FOLLOWING:
+        elif self.role in _LEARNING:
             self._follower_maybe_ack()
             self._infer_commit()
 
@@ -304,9 +364,9 @@ class Node:
 
     def link_reset(self, peer: int) -> None:
         """The connection to ``peer`` broke; what was in flight on it is lost."""
-        if peer not in self._peers:
+        if peer == self.id:
             return
-        if self.role == ServerState.FOLLOWING and peer == self.leader:
+        if self.role in _LEARNING and peer == self.leader:
             self._become_looking()
         elif self.role == ServerState.LEADING:
             self._sessions.pop(peer, None)
@@ -317,10 +377,13 @@ class Node:
     def tick(self) -> None:
         if self.role == ServerState.LOOKING:
             self._election_elapsed += 1
-            if self._election_elapsed >= self.election_ticks:
+            # A member without a vote only asks the voters who leads: it asks often,
+            # costing no one.
+            every = self.election_ticks if self._counts(self.id) else self.heartbeat_ticks
+            if self._election_elapsed >= every:
                 self._election_elapsed = 0
                 self._broadcast_notification()
-        elif self.role == ServerState.FOLLOWING:
+        elif self.role in _LEARNING:
             self._leader_silence += 1
             if self._leader_silence >= self.election_ticks:
                 self._become_looking()
@@ -337,7 +400,7 @@ class Node:
             zxid = self._propose(payload)
             self._awaiting[zxid] = request_id
             return Accepted(request_id, zxid)
-        if self.role == ServerState.FOLLOWING and self.leader is not None:
+        if self.role in _LEARNING and self.leader is not None:
             if self.phase != Phase.BROADCAST:
                 return Busy(self.leader)
             if len(self._pending_forwards) + len(self._awaiting) >= self.max_in_flight:
@@ -350,13 +413,13 @@ class Node:
 
     def step(self, message: Message) -> None:
         sender = message.sender
-        if sender not in self._peers:
+        if sender == self.id:
             return
         if isinstance(message, Notification):
             self._on_notification(message)
         elif self.role == ServerState.LEADING:
             self._leader_step(message)
-        elif self.role == ServerState.FOLLOWING and sender == self.leader:
+        elif self.role in _LEARNING and sender == self.leader:
             self._follower_step(message)
         elif self.role == ServerState.LOOKING and isinstance(message, FollowerInfo):
             # The peer decided for us before we decided ourselves; keep it for later.
@@ -365,15 +428,33 @@ class Node:
     # ------------------------------------------------------------------ election
 
     def _own_vote(self) -> Vote:
+        if self.id not in self._voter_set:
+            return _NO_CANDIDATE
         return Vote(self._current_epoch, self.last_zxid, self.id)
 
+    def _rank(self, vote: Vote) -> tuple[bool, Vote]:
+        """Votes for a voter of the active configuration come first: only those may lead
+        (a pending configuration's new voters follow until it is active)."""
+        return vote.leader in self._voter_set, vote
+
     def _notification(self) -> Notification:
-        v = self._vote
-        return Notification(self.id, v.leader, v.zxid, v.peer_epoch, self._logical_clock, self.role)
+        v, c = self._vote, self._config
+        return Notification(
+            self.id,
+            v.leader,
+            v.zxid,
+            v.peer_epoch,
+            self._logical_clock,
+            self.role,
+            c.version,
+            c.voters,
+            c.observers,
+        )
 
     def _broadcast_notification(self) -> None:
         note = self._notification()
-        for peer in self._peers:
+        pending = self._pending.voters if self._pending is not None else ()
+        for peer in sorted({*self.members, *pending} - {self.id}):
             self._send(peer, note)
 
     def _become_looking(self) -> None:
@@ -397,7 +478,29 @@ class Node:
         self._check_election()
 
     def _on_notification(self, n: Notification) -> None:
+        if (
+            self.role == ServerState.LOOKING
+            and n.voters
+            and n.config_version > self._config.version
+        ):
+            # The sender's active configuration is committed and newer than ours: look
+            # again in it.
+            self._adopt(Membership(n.config_version, n.voters, n.observers))
+            self._become_looking()
         vote = Vote(n.peer_epoch, n.zxid, n.leader)
+        if not self._counts(n.sender):
+            # An observer (or a member outside the configuration) asking who leads:
+            # answer, never count its vote. Anyone not looking answers: the asker may be
+            # a voter of a configuration only it knows of yet, and need to hear whom we
+            # follow.
+            if n.state == ServerState.LOOKING and (
+                self.role != ServerState.LOOKING or self._counts(self.id)
+            ):
+                self._send(n.sender, self._notification())
+            return
+        # From a voter. Members that are no voter here still keep their vote in step
+        # (a voter that counts them in a pending configuration needs it) and join the
+        # leader a quorum backs, but never decide an election themselves.
         if self.role != ServerState.LOOKING:
             if n.state == ServerState.LOOKING:
                 self._send(n.sender, self._notification())
@@ -407,15 +510,15 @@ class Node:
             if n.election_epoch > self._logical_clock:
                 self._logical_clock = n.election_epoch
                 self._recv = {}
-                self._vote = better_vote(self._own_vote(), vote)
+                self._vote = max(self._own_vote(), vote, key=self._rank)
                 self._broadcast_notification()
             elif n.election_epoch < self._logical_clock:
                 self._send(n.sender, self._notification())
                 return
-            elif vote > self._vote:
+            elif self._rank(vote) > self._rank(self._vote):
                 self._vote = vote
                 self._broadcast_notification()
-            elif vote < self._vote:
+            elif self._rank(vote) < self._rank(self._vote):
                 # The sender may have missed our vote (it arrived while it still followed
                 # a leader that just died): tell it, rather than wait for a timeout.
                 self._send(n.sender, self._notification())
@@ -429,8 +532,10 @@ class Node:
             self._check_established_ensemble(vote.leader)
 
     def _check_election(self) -> None:
-        agreeing = sum(1 for v in self._recv.values() if v == self._vote)
-        if agreeing < self._election_quorum:
+        if not self._counts(self.id):
+            return
+        agreeing = {p for p, v in self._recv.items() if v == self._vote}
+        if not self._quorums(agreeing, commit=False):
             return
         if self._vote.leader == self.id:
             self._become_leader()
@@ -446,10 +551,14 @@ class Node:
         and the leader itself says it leads (ZooKeeper's out-of-election check)."""
         if leader == self.id or not self._leader_confirmed(leader):
             return
-        supporters = sum(1 for v, _ in self._out_of_election.values() if v.leader == leader)
-        if (
-            supporters >= self._election_quorum
-            or votes_for(self._recv.values(), leader) >= self._election_quorum
+        # We would back it too: a quorum may need us (one of a pending configuration's).
+        supporters = {p for p, (v, _) in self._out_of_election.items() if v.leader == leader}
+        supporters.add(self.id)
+        # Joining a leadership decides nothing (its leader counts its quorums): the active
+        # configuration is enough, and a pending one we hold may never commit.
+        voted = {p for p, v in self._recv.items() if v.leader == leader}
+        if self._quorums(supporters, commit=False, pending=False) or self._quorums(
+            voted, commit=False, pending=False
         ):
             self._vote = self._out_of_election[leader][0]
             self._become_follower(leader)
@@ -458,7 +567,7 @@ class Node:
 
     def _become_follower(self, leader: int) -> None:
         self._early_infos = {}
-        self.role = ServerState.FOLLOWING
+        self.role = ServerState.OBSERVING if self.is_observer else ServerState.FOLLOWING
         self.phase = Phase.DISCOVERY
         self.leader = leader
         self.epoch = 0
@@ -480,9 +589,15 @@ class Node:
         if m.epoch != self.epoch or self.epoch == 0:
             return
         if isinstance(m, Ack):  # the leader's own: how far its log is durable
-            if self.phase == Phase.BROADCAST and self._pair_quorum:
+            # Kept even when it allows no inference: a configuration about to become
+            # active here may make this follower and the leader a quorum.
+            if self.phase == Phase.BROADCAST:
                 self._leader_durable = max(self._leader_durable, m.zxid)
                 self._infer_commit()
+            return
+        if isinstance(m, Inform):
+            if self.is_observer:
+                self._on_inform(m)
             return
         if isinstance(m, Sync):
             self._on_sync(m)
@@ -490,6 +605,10 @@ class Node:
             if self.phase != Phase.SYNC or m.zxid != self.last_zxid:
                 self._become_looking()
                 return
+            if m.voters and m.config_version > self._config.version:
+                self._adopt(Membership(m.config_version, m.voters, m.observers))
+                if self._rejoin:
+                    return
             self._pending_newleader = m.zxid
             self._follower_maybe_ack()
         elif isinstance(m, Proposal):
@@ -497,6 +616,7 @@ class Node:
         elif isinstance(m, Commit):
             if self._newleader_acked or self._pending_newleader is not None:
                 self._commit_to(min(m.zxid, self.last_zxid))
+                self._infer_commit()  # a configuration just active may allow more
         elif isinstance(m, UpToDate):
             if not self._newleader_acked:
                 self._become_looking()
@@ -513,6 +633,17 @@ class Node:
 
     def _on_new_epoch(self, m: NewEpoch) -> None:
         if self.phase != Phase.DISCOVERY:
+            return
+        if self.is_observer:
+            # An observer promises nothing: its acks count in no quorum, so any epoch the
+            # leader a quorum backs has chosen is the one to sync with.
+            self.epoch = m.epoch
+            self.phase = Phase.SYNC
+            ends = epoch_ends(self._history_zxids())
+            self._send(
+                m.sender,
+                AckEpoch(self.id, m.epoch, self._current_epoch, self.last_zxid, ends),
+            )
             return
         same = m.epoch == self._accepted_epoch and self._accepted_leader == m.sender
         if not (m.epoch > self._accepted_epoch or same):
@@ -553,6 +684,7 @@ class Node:
             return
         self._log.clear()
         self._zxids.clear()
+        self._pending = None  # the leader's NEWLEADER names its configuration
         self._persisted_zxid = snapshot.zxid
         self._commit_zxid = snapshot.zxid
         self._snapshot = snapshot
@@ -576,6 +708,20 @@ class Node:
             return
         self._append(m.entry)
 
+    def _on_inform(self, m: Inform) -> None:
+        """A committed entry. One synced with the log already (it was in flight when the
+        leader sent our Sync) is only committed; a new one must be the next in order."""
+        if self._pending_newleader is None and not self._newleader_acked:
+            self._become_looking()
+            return
+        zxid = m.entry.zxid
+        if zxid > self.last_zxid:
+            if zxid != self.next_zxid:
+                self._become_looking()
+                return
+            self._append(m.entry)
+        self._commit_to(zxid)
+
     def _follower_maybe_ack(self) -> None:
         if self._pending_newleader is not None:
             if self._persisted_zxid < self._pending_newleader:
@@ -588,6 +734,8 @@ class Node:
             assert self.leader is not None
             self._send(self.leader, AckNewLeader(self.id, self.epoch, zxid))
             self._acked_sent = zxid
+        if self.is_observer:
+            return  # an observer's acks count in no quorum
         if self._newleader_acked and self._persisted_zxid > self._acked_sent:
             assert self.leader is not None
             self._acked_sent = self._persisted_zxid
@@ -596,8 +744,16 @@ class Node:
     def _infer_commit(self) -> None:
         """Commit what is durable both here and on the leader: a commit quorum's logs.
         Our log is a prefix of the leader's once we are in broadcast."""
-        if self.phase == Phase.BROADCAST and self._leader_durable:
-            self._commit_to(min(self._leader_durable, self._persisted_zxid))
+        if (
+            self.phase == Phase.BROADCAST
+            and self._leader_durable
+            and self._pair_quorum
+            and self.is_voter
+        ):
+            zxid = min(self._leader_durable, self._persisted_zxid)
+            if self._pending is not None:  # a pending configuration needs two quorums
+                zxid = min(zxid, self._before(self._pending.version))
+            self._commit_to(zxid)
 
     def _on_forward_reply(self, m: ForwardReply) -> None:
         if m.request_id not in self._pending_forwards:
@@ -641,8 +797,8 @@ class Node:
         if self.phase == Phase.BROADCAST:
             live = 1 + sum(
                 1
-                for s in self._sessions.values()
-                if s.newleader_acked and s.idle_ticks < self.election_ticks
+                for p, s in self._sessions.items()
+                if s.newleader_acked and p in self._voter_set and s.idle_ticks < self.election_ticks
             )
             if live < self._election_quorum:
                 self._become_looking()
@@ -668,6 +824,7 @@ class Node:
             | UpToDate
             | Proposal
             | Commit
+            | Inform
             | Ping
             | ForwardReply,
         ):
@@ -687,17 +844,28 @@ class Node:
                 self._send(m.sender, UpToDate(self.id, self.epoch, self._commit_zxid))
                 self._maybe_commit()
         elif isinstance(m, Ack):
-            if session.newleader_acked and m.zxid <= self.last_zxid:
+            if session.newleader_acked and not session.observer and m.zxid <= self.last_zxid:
+                # Any learner's acks: counted where it is a voter (active or pending).
                 session.acked_zxid = max(session.acked_zxid, m.zxid)
                 self._maybe_commit()
         elif isinstance(m, Forward):
             self._on_forward(m)
 
     def _on_follower_info(self, m: FollowerInfo) -> None:
+        if m.sender in self._observer_set:
+            # An observer's promises play no part in choosing the epoch: it syncs with it.
+            # (A member outside every configuration follows without a vote instead: it
+            # may be a voter of the next one, whose quorum its acks then count for.)
+            self._sessions[m.sender] = _Session(accepted_epoch=0, observer=True)
+            if self._epoch_chosen:
+                self._send(m.sender, NewEpoch(self.id, self.epoch))
+            return
         if self._epoch_chosen and (
             m.accepted_epoch > self.epoch
             or (m.accepted_epoch == self.epoch and m.accepted_leader != self.id)
         ):
+            if not self._counts(m.sender):
+                return  # no voter anywhere: it cannot unseat us; it will look again
             # This member promised our epoch number (or a later one) to another leader
             # and can never join this leadership: start over so a higher epoch is chosen.
             self._become_looking()
@@ -709,10 +877,11 @@ class Node:
             self._maybe_choose_epoch()
 
     def _maybe_choose_epoch(self) -> None:
-        if self._epoch_chosen or 1 + len(self._sessions) < self._election_quorum:
+        learners = [p for p, s in self._sessions.items() if not s.observer]
+        if self._epoch_chosen or not self._quorums({self.id, *learners}, commit=False):
             return
         epoch = 1 + max(
-            [self._accepted_epoch, *(s.accepted_epoch for s in self._sessions.values())]
+            [self._accepted_epoch, *(self._sessions[p].accepted_epoch for p in learners)]
         )
         assert epoch > self._accepted_epoch
         self._accepted_epoch = epoch
@@ -728,7 +897,10 @@ class Node:
         if session.ack_epoch is not None:
             return
         if self.phase == Phase.DISCOVERY:
-            if (m.current_epoch, m.last_zxid) > (self._current_epoch, self.last_zxid):
+            newer = (m.current_epoch, m.last_zxid) > (self._current_epoch, self.last_zxid)
+            # Only a member that could lead instead: a new voter of a pending configuration
+            # holds nothing committed that a quorum of the active voters lacks.
+            if newer and m.sender in self._voter_set:
                 # The ZAB rule: the leader's history must be the latest of its quorum.
                 self._become_looking()
                 return
@@ -742,7 +914,8 @@ class Node:
         if self.phase != Phase.DISCOVERY or not self._epoch_chosen:
             return
         acked = [p for p, s in self._sessions.items() if s.ack_epoch is not None]
-        if 1 + len(acked) < self._election_quorum:
+        voters = {p for p in acked if not self._sessions[p].observer}
+        if not self._quorums({self.id, *voters}, commit=False):
             return
         self._current_epoch = self.epoch
         self._hard_dirty = True
@@ -764,14 +937,18 @@ class Node:
             peer,
             Sync(self.id, self.epoch, plan.mode, plan.truncate_to, plan.entries, plan.snapshot),
         )
-        self._send(peer, NewLeader(self.id, self.epoch, self.last_zxid))
+        c = self._config
+        self._send(
+            peer,
+            NewLeader(self.id, self.epoch, self.last_zxid, c.version, c.voters, c.observers),
+        )
         session.newleader_sent = True
 
     def _check_established(self) -> None:
-        acks = sum(1 for s in self._sessions.values() if s.newleader_acked)
+        acks = {p for p, s in self._sessions.items() if s.newleader_acked and not s.observer}
         if self._persisted_zxid >= self._newleader_zxid:
-            acks += 1
-        if acks < self._commit_quorum:
+            acks.add(self.id)
+        if not self._quorums(acks, commit=True):
             return
         self.phase = Phase.BROADCAST
         self._commit_to(self._newleader_zxid)
@@ -789,7 +966,7 @@ class Node:
         self._append(entry)
         proposal = Proposal(self.id, self.epoch, entry)
         for peer, s in self._sessions.items():
-            if s.newleader_sent:
+            if s.newleader_sent and not s.observer:
                 self._send(peer, proposal)
         return entry.zxid
 
@@ -803,16 +980,39 @@ class Node:
     def _maybe_commit(self) -> None:
         if self.phase != Phase.BROADCAST:
             return
-        acks = [self._persisted_zxid]
-        acks.extend(s.acked_zxid for s in self._sessions.values() if s.newleader_acked)
-        if len(acks) < self._commit_quorum:
-            return
-        acks.sort(reverse=True)
-        zxid = acks[self._commit_quorum - 1]
+        zxid = self._acked_by_quorum(self._voter_set)
+        pending = self._pending
+        if pending is not None and zxid >= pending.version:
+            new = self._acked_by_quorum(frozenset(pending.voters))
+            zxid = min(zxid, new) if new >= pending.version else self._before(pending.version)
         if zxid <= self._commit_zxid:
             return
         self._commit_to(zxid)
         self._commit_unsent = True
+
+    def _infers(self, peer: int, s: _Session) -> bool:
+        """Will this follower commit up to our commit point on our own Ack alone?"""
+        return (
+            self._pair_quorum
+            and s.newleader_acked
+            and peer in self._voter_set
+            and self._pending is None
+            and self._commit_zxid <= s.durable_sent
+        )
+
+    def _acked_by_quorum(self, voters: frozenset[int]) -> int:
+        """The highest zxid that a commit quorum of ``voters`` has acked (0: none)."""
+        acks = [self._persisted_zxid] if self.id in voters else []
+        acks.extend(
+            s.acked_zxid
+            for p, s in self._sessions.items()
+            if p in voters and s.newleader_acked and not s.observer
+        )
+        need = self._need(len(voters))
+        if len(acks) < need:
+            return 0
+        acks.sort(reverse=True)
+        return acks[need - 1]
 
     def _in_flight(self) -> int:
         return len(self._zxids) - bisect_right(self._zxids, self._commit_zxid)
@@ -824,6 +1024,7 @@ class Node:
         self._log.append(entry)
         self._zxids.append(entry.zxid)
         self._out.entries.append(entry)
+        self._note_config(entry)
 
     def _history_zxids(self) -> list[int]:
         """The log's zxids, led by the snapshot's: enough to summarise the history."""
@@ -838,6 +1039,8 @@ class Node:
         cut = bisect_right(self._zxids, zxid)
         del self._log[cut:]
         del self._zxids[cut:]
+        if self._pending is not None and self._pending.version > zxid:
+            self._pending = None  # never committed: the configuration stays as it is
         self._persisted_zxid = min(self._persisted_zxid, zxid)
         out = self._out
         out.truncate_to = zxid if out.truncate_to is None else min(out.truncate_to, zxid)
@@ -848,12 +1051,92 @@ class Node:
             return
         start = bisect_right(self._zxids, self._commit_zxid)
         end = bisect_right(self._zxids, zxid)
+        observers: tuple[int, ...] = ()
+        if self.role == ServerState.LEADING:
+            observers = tuple(
+                p for p, s in self._sessions.items() if s.observer and s.newleader_sent
+            )
         for entry in self._log[start:end]:
             self._out.committed.append(entry)
+            if observers:
+                inform = Inform(self.id, self.epoch, entry)
+                for peer in observers:
+                    self._send(peer, inform)
+            if self._pending is not None and entry.zxid == self._pending.version:
+                self._activate(self._pending)
             request_id = self._awaiting.pop(entry.zxid, None)
             if request_id is not None:
                 self._out.results.append(Committed(request_id, entry.zxid))
         self._commit_zxid = zxid
+
+    # ------------------------------------------------------------------ configuration
+
+    def _set_membership(self, config: Membership) -> None:
+        assert config.voters and not set(config.voters) & set(config.observers), config
+        self._config = config
+        self.members: tuple[int, ...] = config.voters
+        self.observers: tuple[int, ...] = config.observers
+        self._voter_set = frozenset(config.voters)
+        self._observer_set = frozenset(config.observers)
+        self.is_voter = self.id in self._voter_set
+        self.is_observer = self.id in self._observer_set
+        self._election_quorum = len(config.voters) // 2 + 1
+        self._commit_quorum = self._need(len(config.voters))
+        # A follower and its leader alone are a commit quorum: see the class docstring.
+        self._pair_quorum = len(config.voters) > 1 and self._commit_quorum <= 2
+
+    def _need(self, voters: int) -> int:
+        return voters if self.quorum_mode == "all" else voters // 2 + 1
+
+    def _counts(self, member: int) -> bool:
+        """A voter of the active or the pending configuration."""
+        pending = self._pending
+        return member in self._voter_set or (pending is not None and member in pending.voters)
+
+    def _quorums(self, ids: set[int], commit: bool, pending: bool = True) -> bool:
+        """Do ``ids`` hold a quorum (a commit quorum with ``commit``) of the active voters
+        and, while a configuration is pending (unless not ``pending``), of its voters?"""
+        configs = [self._config]
+        if pending and self._pending is not None:
+            configs.append(self._pending)
+        for c in configs:
+            n = len(c.voters)
+            need = self._need(n) if commit else n // 2 + 1
+            if len(ids.intersection(c.voters)) < need:
+                return False
+        return True
+
+    def _before(self, zxid: int) -> int:
+        """The zxid of the entry just before ``zxid`` in the history."""
+        i = bisect_right(self._zxids, zxid)
+        return self._zxids[i - 2] if i >= 2 else self._snapshot.zxid
+
+    def _note_config(self, entry: LogEntry) -> None:
+        if self._config_of is None or entry.zxid <= self._config.version:
+            return
+        named = self._config_of(entry.payload)
+        if named is not None:
+            voters, observers = named
+            self._pending = Membership(
+                entry.zxid, tuple(sorted(set(voters))), tuple(sorted(set(observers)))
+            )
+
+    def _activate(self, config: Membership) -> None:
+        """``config`` committed: it is the configuration from now on."""
+        self._pending = None
+        self._adopt(config)
+        if self.role == ServerState.LEADING:
+            self._commit_everyone = True  # learners may not infer past a configuration
+            self._retire = not self.is_voter
+
+    def _adopt(self, config: Membership) -> None:
+        if self._pending is not None and self._pending.version <= config.version:
+            self._pending = None
+        was = (self.is_voter, self.is_observer)
+        self._set_membership(config)
+        self._out.config = config
+        if self.role in _LEARNING and was != (self.is_voter, self.is_observer):
+            self._rejoin = True
 
     def _send(self, to: int, message: Message) -> None:
         self._out.messages.append((to, message))

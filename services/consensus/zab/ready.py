@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from directlog.record import record
 from services.consensus.zab.messages import Message, ServerState
-from services.consensus.zab.state import HardState, LogEntry, Snapshot
+from services.consensus.zab.state import HardState, LogEntry, Membership, Snapshot
 
 
 @record
@@ -87,7 +87,8 @@ class Ready:
     2. append ``entries`` to the log (may complete later; report with ``Node.persisted``);
     3. send ``messages``;
     4. apply ``committed`` entries to the state machine, in order;
-    5. hand ``results`` to clients; note ``role_changes``.
+    5. hand ``results`` to clients; note ``role_changes``; when ``config`` is set, the
+       configuration it names is now active here: persist it and link to its members.
 
     Then call ``Node.advance()``.
     """
@@ -100,6 +101,7 @@ class Ready:
     committed: list[LogEntry] = field(default_factory=list)
     results: list[ClientResult] = field(default_factory=list)
     role_changes: list[RoleChange] = field(default_factory=list)
+    config: Membership | None = None
 
     def is_empty(self) -> bool:
         return not (
@@ -111,4 +113,5 @@ class Ready:
             or self.committed
             or self.results
             or self.role_changes
+            or self.config is not None
         )

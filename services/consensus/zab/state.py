@@ -43,6 +43,17 @@ EMPTY_SNAPSHOT = Snapshot(0, b"")
 
 
 @record
+class Membership:
+    """One configuration of the ensemble: who votes and who observes. ``version`` is the
+    zxid of the entry that proposed it (0: the static one members start with), as
+    ZooKeeper's config version is."""
+
+    version: int
+    voters: tuple[int, ...]
+    observers: tuple[int, ...] = ()
+
+
+@record
 class PersistedState:
     """What survives a crash: the hard state, the latest snapshot and the durable log
     entries after it (zxid order)."""

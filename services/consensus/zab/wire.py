@@ -11,17 +11,18 @@ followed by that many ``T``; ``bytes`` is ``u32`` length then the bytes; ``entry
 ``zxid:i64 | payload:bytes``; ``opt snapshot`` is a presence byte, then
 ``zxid:i64 | data:bytes``. Enums travel as a u8 code, fixed here rather than derived from
 the enum's string values so renaming a member cannot change the wire:
-ServerState LOOKING=0 FOLLOWING=1 LEADING=2; SyncMode DIFF=0 TRUNC=1 SNAP=2.
+ServerState LOOKING=0 FOLLOWING=1 LEADING=2 OBSERVING=3; SyncMode DIFF=0 TRUNC=1 SNAP=2.
 
 ====  ============  ==============================================================
 type  message       body
 ====  ============  ==============================================================
 1     Notification  leader:i32 zxid:i64 peer_epoch:i64 election_epoch:i64 state:u8
+                    config_version:i64 voters:[i64] observers:[i64]
 2     FollowerInfo  accepted_epoch:i64 accepted_leader:i32
 3     NewEpoch      epoch:i64
 4     AckEpoch      epoch:i64 current_epoch:i64 last_zxid:i64 epoch_ends:[i64]
 5     Sync          epoch:i64 mode:u8 truncate_to:i64 entries:[entry] snapshot:opt snapshot
-6     NewLeader     epoch:i64 zxid:i64
+6     NewLeader     epoch:i64 zxid:i64 config_version:i64 voters:[i64] observers:[i64]
 7     AckNewLeader  epoch:i64 zxid:i64
 8     UpToDate      epoch:i64 commit_zxid:i64
 9     Proposal      epoch:i64 entry:entry
@@ -31,6 +32,7 @@ type  message       body
 13    PingAck       epoch:i64 sessions:[i64]
 14    Forward       epoch:i64 request_id:i64 payload:bytes
 15    ForwardReply  epoch:i64 request_id:i64 zxid:opt i64
+16    Inform        epoch:i64 entry:entry
 ====  ============  ==============================================================
 
 Decoding is bounded: every length and count is checked against the bytes actually left in
@@ -54,6 +56,7 @@ from services.consensus.zab.messages import (
     FollowerInfo,
     Forward,
     ForwardReply,
+    Inform,
     Message,
     NewEpoch,
     NewLeader,
@@ -84,7 +87,12 @@ _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _U32_MAX = (1 << 32) - 1
 
-_STATES: Final = (ServerState.LOOKING, ServerState.FOLLOWING, ServerState.LEADING)
+_STATES: Final = (
+    ServerState.LOOKING,
+    ServerState.FOLLOWING,
+    ServerState.LEADING,
+    ServerState.OBSERVING,
+)
 _MODES: Final = (SyncMode.DIFF, SyncMode.TRUNC, SyncMode.SNAP)
 _STATE_CODES: Final = {s: i for i, s in enumerate(_STATES)}
 _MODE_CODES: Final = {m: i for i, m in enumerate(_MODES)}
@@ -129,6 +137,9 @@ _CODECS: Final = (
         ("peer_epoch", "i64"),
         ("election_epoch", "i64"),
         ("state", "state"),
+        ("config_version", "i64"),
+        ("voters", "i64s"),
+        ("observers", "i64s"),
     ),
     _codec(2, FollowerInfo, ("accepted_epoch", "i64"), ("accepted_leader", "i32")),
     _codec(3, NewEpoch, _EPOCH),
@@ -149,7 +160,15 @@ _CODECS: Final = (
         ("entries", "entries"),
         ("snapshot", "opt_snapshot"),
     ),
-    _codec(6, NewLeader, _EPOCH, _ZXID),
+    _codec(
+        6,
+        NewLeader,
+        _EPOCH,
+        _ZXID,
+        ("config_version", "i64"),
+        ("voters", "i64s"),
+        ("observers", "i64s"),
+    ),
     _codec(7, AckNewLeader, _EPOCH, _ZXID),
     _codec(8, UpToDate, _EPOCH, ("commit_zxid", "i64")),
     _codec(9, Proposal, _EPOCH, ("entry", "entry")),
@@ -159,6 +178,7 @@ _CODECS: Final = (
     _codec(13, PingAck, _EPOCH, ("sessions", "i64s")),
     _codec(14, Forward, _EPOCH, ("request_id", "i64"), ("payload", "bytes")),
     _codec(15, ForwardReply, _EPOCH, ("request_id", "i64"), ("zxid", "opt_i64")),
+    _codec(16, Inform, _EPOCH, ("entry", "entry")),
 )
 _BY_CLASS: Final = {c.cls: c for c in _CODECS}
 _BY_CODE: Final = {c.type_code: c for c in _CODECS}
