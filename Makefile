@@ -83,13 +83,14 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench.storage
 	$(PY) -m bench.broker
 	$(PY) -m bench.replication
-	$(PY) -m bench.consensus
+	$(PY) -m bench.consensus --observers --reconfig
 	$(PY) -m bench.peer_transport
 	$(PY) -m bench.tiering
 	$(PY) -m bench.down_conversion
 	$(PY) -m bench.spark
 	$(PY) -m bench.traffic_delays
 	$(PY) -m bench.security
+	$(PY) -m bench.transactions
 
 # The verbs providers against memcpy, then RDMA produce over shm against our TCP path
 # (issue 7), each in one run.
