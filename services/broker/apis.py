@@ -112,6 +112,8 @@ from services.broker.transactions.metadata import TxnState
 from services.broker.transactions.state_topic import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
+# Kafka's Topic.isInternal: flagged so in Metadata, written only by their coordinators.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
@@ -231,8 +233,14 @@ class KafkaApis:
         )
         self.transactions = TransactionCoordinator(
             TransactionSettings(
-                settings.transaction_max_timeout_ms,
-                settings.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                max_timeout_ms=settings.transaction_max_timeout_ms,
+                abort_check_interval_ms=(
+                    settings.transaction_abort_timed_out_transaction_cleanup_interval_ms
+                ),
+                id_expiration_ms=settings.transactional_id_expiration_ms,
+                id_removal_interval_ms=(
+                    settings.transaction_remove_expired_transaction_cleanup_interval_ms
+                ),
             ),
             self._transaction_partitions,
             producer_ids,
@@ -457,7 +465,7 @@ class KafkaApis:
         raises KafkaError with the code answering a produce it may not take."""
         if acks not in (0, 1, -1):
             raise KafkaError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}")
-        if topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):
+        if topic in INTERNAL_TOPICS:
             raise KafkaError(
                 ErrorCode.INVALID_TOPIC_EXCEPTION,
                 f"{topic} is internal: only its coordinators write it",
@@ -1001,7 +1009,7 @@ class KafkaApis:
             try:
                 if topic in refused:
                     raise denied(Operation.DELETE, TOPIC, topic)
-                if topic == OFFSETS_TOPIC:
+                if topic in INTERNAL_TOPICS:
                     raise KafkaError(
                         ErrorCode.INVALID_TOPIC_EXCEPTION, f"{topic} is internal: not deleted"
                     )
@@ -1126,7 +1134,7 @@ class KafkaApis:
                         error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         name=None if name in by_id else name,  # an id is no secret, a name is
                         topic_id=by_id.get(name, uuid.UUID(int=0)),
-                        is_internal=name == OFFSETS_TOPIC and name in not_created,
+                        is_internal=name in INTERNAL_TOPICS and name in not_created,
                         partitions=[],
                         authorized_operations=None,
                     )
@@ -1212,7 +1220,7 @@ class KafkaApis:
             error_code=code,
             name=name,
             topic_id=topic.topic_id if topic else uuid.UUID(int=0),
-            is_internal=name == OFFSETS_TOPIC,
+            is_internal=name in INTERNAL_TOPICS,
             partitions=partitions,
             authorized_operations=operations,  # None: not asked for (KIP-430)
         )
@@ -1418,11 +1426,10 @@ class KafkaApis:
         else:
             bad = {
                 tp: ErrorCode.INVALID_TOPIC_EXCEPTION  # an internal topic is no producer's
-                if tp[0] in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
+                if tp[0] in INTERNAL_TOPICS
                 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 for tp in wanted
-                if tp[0] in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
-                or self.image.partition(TopicPartition(*tp)) is None
+                if tp[0] in INTERNAL_TOPICS or self.image.partition(TopicPartition(*tp)) is None
             }
             if bad:
                 codes = {tp: bad.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted}
@@ -1475,10 +1482,15 @@ class KafkaApis:
                 {(OFFSETS_TOPIC, offsets_partition)},
             )
         except KafkaError as error:
-            code = _fenced_as(error.code, header.api_version < 2)
-            log.info("add_offsets_to_txn: %s", error)
-            self.metrics.request_error("add_offsets_to_txn", code)
+            code = self._txn_refused("add_offsets_to_txn", error, header.api_version < 2)
         return response(throttle_time_ms=0, error_code=code)
+
+    def _txn_refused(self, api: str, error: KafkaError, before_kip_588: bool) -> ErrorCode:
+        """The code a transaction request refused with `error` gets, logged and counted."""
+        code = _fenced_as(error.code, before_kip_588)
+        log.info("%s: %s", api, error)
+        self.metrics.request_error(api, code)
+        return code
 
     async def txn_offset_commit(self, request: Any, header: RequestHeader) -> Response:
         """Offsets committed in a transaction, at the group's coordinator: written now,
@@ -1555,9 +1567,7 @@ class KafkaApis:
                 request.committed,
             )
         except KafkaError as error:
-            code = _fenced_as(error.code, header.api_version < 2)
-            log.info("end_txn: %s", error)
-            self.metrics.request_error("end_txn", code)
+            code = self._txn_refused("end_txn", error, header.api_version < 2)
         return response(throttle_time_ms=0, error_code=code)
 
     async def describe_transactions(self, request: Any, header: RequestHeader) -> Response:

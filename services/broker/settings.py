@@ -159,6 +159,9 @@ class BrokerSettings(ServiceSettings):
     transaction_state_log_segment_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     transaction_max_timeout_ms: int = Field(900000, ge=1)
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = Field(10000, ge=1)
+    # An idle transactional id is removed (a tombstone) after this long.
+    transactional_id_expiration_ms: int = Field(7 * 24 * 3600 * 1000, ge=1)
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = Field(3600000, ge=1)
     # How long a transaction marker waits for its partition's ISR before it is retried.
     transaction_marker_timeout_ms: int = Field(30000, ge=1)
     # Idempotent producers: state of a producer id unseen this long is dropped.

@@ -6,7 +6,6 @@ zombie producer is fenced, and a transaction left open past its timeout is abort
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 import warnings
@@ -19,13 +18,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import NewTopic
 
-from directlog.protocol.client import KafkaConnection
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import decode_records, iter_batches
 from services.broker.storage.markers import ABORT, COMMIT, control_type
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, single_broker
+from tests.e2e.records import fetch_partition, raw_request
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -33,20 +32,15 @@ with warnings.catch_warnings():
     from kafka import TopicPartition as KTopicPartition
     from kafka.errors import KafkaError as KafkaPythonError
     from kafka.protocol.admin import (
+        DeleteRecordsRequest,
         DescribeTransactionsRequest,
-        DescribeTransactionsResponse,
         ListTransactionsRequest,
-        ListTransactionsResponse,
     )
-    from kafka.protocol.consumer import FetchRequest, FetchResponse
-    from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
+    from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
     from kafka.protocol.producer import (
         AddPartitionsToTxnRequest,
-        AddPartitionsToTxnResponse,
         EndTxnRequest,
-        EndTxnResponse,
         InitProducerIdRequest,
-        InitProducerIdResponse,
     )
 
 pytestmark = pytest.mark.timeout(180)
@@ -113,43 +107,7 @@ def read_committed(clients: Clients, bootstrap: str, topic: str, partitions: int
 def raw_log(bootstrap: str, topic: str, partition: int) -> list[tuple[int, bool, int | None, Any]]:
     """The partition as stored, read_uncommitted by a raw Fetch v11: (offset, control,
     marker type, value) of every record."""
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    request = FetchRequest(
-        version=11,
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchTopic.FetchPartition(
-                        partition=partition,
-                        current_leader_epoch=-1,
-                        fetch_offset=0,
-                        log_start_offset=-1,
-                        partition_max_bytes=1 << 20,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
-
-    async def exchange() -> Any:
-        connection = await KafkaConnection.connect(host, int(port), timeout=10)
-        try:
-            return await connection.request(request, FetchResponse, "txn-test")
-        finally:
-            await connection.close()
-
-    response = asyncio.run(exchange())
-    data = response.responses[0].partitions[0].records
+    data = fetch_partition(bootstrap.split(",")[0], topic, 0, partition=partition).records
     out = []
     for position, header in iter_batches(data):
         for record in decode_records(data, position, header):
@@ -333,8 +291,6 @@ def test_a_transaction_open_past_its_timeout_is_aborted(
 
 
 def test_init_producer_id_checks_the_transaction_timeout(txn_broker: BrokerProcess) -> None:
-    host, port = txn_broker.bootstrap.rsplit(":", 1)
-
     def init(timeout_ms: int, producer_id: int = -1, epoch: int = -1) -> Any:
         request = InitProducerIdRequest(
             version=4,
@@ -343,17 +299,9 @@ def test_init_producer_id_checks_the_transaction_timeout(txn_broker: BrokerProce
             producer_id=producer_id,
             producer_epoch=epoch,
         )
-
-        async def exchange() -> Any:
-            connection = await KafkaConnection.connect(host, int(port), timeout=10)
-            try:
-                return await connection.request(request, InitProducerIdResponse, "txn-test")
-            finally:
-                await connection.close()
-
         deadline = time.monotonic() + WAIT
         while True:  # the coordinator may still be loading or electing
-            response = asyncio.run(exchange())
+            response = raw_request(txn_broker.bootstrap, request)
             if response.error_code not in (
                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                 ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -421,36 +369,38 @@ def test_markers_reach_partitions_led_by_other_brokers(tmp_path: Path, clients: 
 
 def coordinator_of(bootstrap: str, transactional_id: str) -> int:
     """The node id FindCoordinator (key type 1) names for the id, once one is named."""
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
     request = FindCoordinatorRequest(version=4, key_type=1, coordinator_keys=[transactional_id])
-
-    async def exchange() -> Any:
-        connection = await KafkaConnection.connect(host, int(port), timeout=10)
-        try:
-            return await connection.request(request, FindCoordinatorResponse, "txn-test")
-        finally:
-            await connection.close()
-
     deadline = time.monotonic() + WAIT
     while True:
-        (found,) = asyncio.run(exchange()).coordinators
+        (found,) = ask(bootstrap, request).coordinators
         if found.error_code == ErrorCode.NONE:
             return int(found.node_id)
         assert time.monotonic() < deadline, found
         time.sleep(0.2)
 
 
+def three_brokers(tmp_path: Path) -> Cluster:
+    """Three brokers with __transaction_state on all three, so a coordinator can fail over."""
+    settings = {**SETTINGS, "transaction_state_log_replication_factor": 3}
+    return Cluster(tmp_path, brokers=3, broker_settings=settings)
+
+
+def replicated_topic(cluster: Cluster, clients: Clients, prefix: str) -> str:
+    """A new topic of one partition on all three brokers."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = clients.admin(cluster.bootstrap)
+    admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=3)], operation_timeout=20
+    )[topic].result(timeout=WAIT)
+    return topic
+
+
 def test_the_coordinator_fails_over_with_the_ids_state(tmp_path: Path, clients: Clients) -> None:
     """The coordinator broker is killed between two transactions: a replica of its
     __transaction_state partition takes over with the id's producer id and epoch, so the
     same producer commits again, and a new producer of the id still fences it."""
-    settings = {**SETTINGS, "transaction_state_log_replication_factor": 3}
-    with Cluster(tmp_path, brokers=3, broker_settings=settings) as cluster:
-        topic = f"txn-failover-{uuid.uuid4().hex[:6]}"
-        admin = clients.admin(cluster.bootstrap)
-        admin.create_topics(
-            [NewTopic(topic, num_partitions=1, replication_factor=3)], operation_timeout=20
-        )[topic].result(timeout=WAIT)
+    with three_brokers(tmp_path) as cluster:
+        topic = replicated_topic(cluster, clients, "txn-failover")
         transactional_id = f"tx-{uuid.uuid4().hex[:6]}"
         producer = transactional(cluster.bootstrap, transactional_id)
         producer.begin_transaction()
@@ -569,17 +519,9 @@ def test_the_last_stable_offset_stops_read_committed_at_an_open_transaction(
     ]
 
 
-def ask(bootstrap: str, request: Any, response_class: Any) -> Any:
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-
-    async def exchange() -> Any:
-        connection = await KafkaConnection.connect(host, int(port), timeout=10)
-        try:
-            return await connection.request(request, response_class, "txn-test")
-        finally:
-            await connection.close()
-
-    return asyncio.run(exchange())
+def ask(bootstrap: str, request: Any) -> Any:
+    """One request to the first broker of `bootstrap`: its decoded answer."""
+    return raw_request(bootstrap.split(",")[0], request)
 
 
 def test_bad_transaction_requests_get_kafkas_codes(
@@ -601,7 +543,6 @@ def test_bad_transaction_requests_get_kafkas_codes(
                 producer_id=-1,
                 producer_epoch=-1,
             ),
-            InitProducerIdResponse,
         )
         if init.error_code == ErrorCode.NONE:
             break
@@ -620,7 +561,7 @@ def test_bad_transaction_requests_get_kafkas_codes(
                 for t, p in partitions.items()
             ],
         )
-        answer = ask(bootstrap, request, AddPartitionsToTxnResponse)
+        answer = ask(bootstrap, request)
         return {
             (t.name, p.partition_index): p.partition_error_code
             for t in answer.results_by_topic_v3_and_below
@@ -635,7 +576,7 @@ def test_bad_transaction_requests_get_kafkas_codes(
             producer_epoch=producer_epoch,
             committed=commit,
         )
-        return int(ask(bootstrap, request, EndTxnResponse).error_code)
+        return int(ask(bootstrap, request).error_code)
 
     # No transaction open yet.
     assert end(3, pid, epoch, True) == ErrorCode.INVALID_TXN_STATE
@@ -688,7 +629,6 @@ def test_describe_and_list_transactions(txn_broker: BrokerProcess, clients: Clie
             DescribeTransactionsRequest(
                 version=0, transactional_ids=[open_id, done_id, "tx-never-seen"]
             ),
-            DescribeTransactionsResponse,
         ).transaction_states
     }
     opened = described[open_id]
@@ -706,7 +646,6 @@ def test_describe_and_list_transactions(txn_broker: BrokerProcess, clients: Clie
         (described[done_id],) = ask(
             bootstrap,
             DescribeTransactionsRequest(version=0, transactional_ids=[done_id]),
-            DescribeTransactionsResponse,
         ).transaction_states
     assert described[done_id].topics == []
     assert described["tx-never-seen"].error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
@@ -717,7 +656,6 @@ def test_describe_and_list_transactions(txn_broker: BrokerProcess, clients: Clie
             ListTransactionsRequest(
                 version=0, state_filters=states, producer_id_filters=producer_ids
             ),
-            ListTransactionsResponse,
         )
 
     everything = {
@@ -735,19 +673,63 @@ def test_describe_and_list_transactions(txn_broker: BrokerProcess, clients: Clie
     still_open.abort_transaction(WAIT)
 
 
+def test_the_transaction_state_topic_is_internal(
+    txn_broker: BrokerProcess, clients: Clients
+) -> None:
+    """Metadata flags `__transaction_state` internal, as `__consumer_offsets`, so clients
+    that leave internal topics out (kafka-python's default) do not list it."""
+    bootstrap = txn_broker.bootstrap
+    coordinator_of(bootstrap, f"tx-{uuid.uuid4().hex[:6]}")  # creates __transaction_state
+    group = f"txn-internal-{uuid.uuid4().hex[:6]}"
+    clients.create_topic(bootstrap, group)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    try:
+        consumer.subscribe([group])
+        deadline = time.monotonic() + WAIT
+        while not consumer.assignment():  # creates __consumer_offsets
+            assert time.monotonic() < deadline, "no assignment"
+            consumer.poll(timeout_ms=200)
+        listed = consumer.topics()
+    finally:
+        consumer.close()
+    request = MetadataRequest(
+        version=12,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    flags = {t.name: t.is_internal for t in ask(bootstrap, request).topics}
+    assert flags["__transaction_state"] is True and flags["__consumer_offsets"] is True
+    assert flags[group] is False
+    assert group in listed and "__transaction_state" not in listed
+    assert "__consumer_offsets" not in listed
+    # Nor may its records be deleted, as Kafka refuses it for every internal topic.
+    delete = DeleteRecordsRequest[2](
+        topics=[
+            DeleteRecordsRequest[2].DeleteRecordsTopic(
+                name="__transaction_state",
+                partitions=[
+                    DeleteRecordsRequest[2].DeleteRecordsTopic.DeleteRecordsPartition(
+                        partition_index=0, offset=-1
+                    )
+                ],
+            )
+        ],
+        timeout_ms=5000,
+    )
+    (answer,) = ask(bootstrap, delete).topics[0].partitions
+    assert answer.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
 def test_a_new_partition_leader_keeps_the_open_transaction_unstable(
     tmp_path: Path, clients: Clients
 ) -> None:
     """The leader of a partition with an open transaction is killed: the follower that
     takes over learned the transaction from the replicated batches, so its LSO stays at the
     transaction's first offset until the commit's marker reaches it."""
-    settings = {**SETTINGS, "transaction_state_log_replication_factor": 3}
-    with Cluster(tmp_path, brokers=3, broker_settings=settings) as cluster:
-        topic = f"txn-leader-{uuid.uuid4().hex[:6]}"
+    with three_brokers(tmp_path) as cluster:
+        topic = replicated_topic(cluster, clients, "txn-leader")
         admin = clients.admin(cluster.bootstrap)
-        admin.create_topics(
-            [NewTopic(topic, num_partitions=1, replication_factor=3)], operation_timeout=20
-        )[topic].result(timeout=WAIT)
         leader = admin.list_topics(topic).topics[topic].partitions[0].leader
         # An id coordinated elsewhere: only the data partition's leader is killed.
         transactional_id = next(

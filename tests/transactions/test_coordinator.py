@@ -16,6 +16,7 @@ from directlog.records.batch import decode_records, iter_batches
 from directlog.topic_config import LogConfig
 from directlog.topics import TopicPartition
 from services.broker.cluster_metadata import PartitionInfo
+from services.broker.internal_topic_coordinator import read_partition
 from services.broker.partition import Partition
 from services.broker.storage import PartitionLog
 from services.broker.transactions.coordinator import TransactionCoordinator, TransactionSettings
@@ -277,5 +278,58 @@ def test_a_transaction_open_past_its_timeout_is_aborted(tmp_path: Path) -> None:
         assert await settled(coordinator, "tx") is TxnState.COMPLETE_ABORT
         assert markers.written == [(pid, epoch + 1, False, 0, ("a", 0))]
         await refused(ErrorCode.PRODUCER_FENCED, coordinator.end_txn("tx", pid, epoch, True))
+
+    asyncio.run(run())
+
+
+def test_an_idle_transactional_id_expires_with_a_tombstone(tmp_path: Path) -> None:
+    """transactional.id.expiration.ms (7 days by default): ids with nothing in flight and
+    unwritten that long are removed, as a tombstone a successor loads; an id with an open
+    transaction, or written since, stays."""
+
+    async def run() -> None:
+        clock = Clock()
+        partition = leading(tmp_path)
+        coordinator = await loaded(partition, ProducerIds(), clock=clock)
+        week = TransactionSettings().id_expiration_ms
+        assert week == 7 * 24 * 3600 * 1000
+        idle, _ = await coordinator.init_producer_id("idle", 30_000, None)
+        done_pid, done_epoch = await coordinator.init_producer_id("done", 30_000, None)
+        await coordinator.add_partitions("done", done_pid, done_epoch, {("a", 0)})
+        await coordinator.end_txn("done", done_pid, done_epoch, True)
+        assert await settled(coordinator, "done") is TxnState.COMPLETE_COMMIT
+        busy_pid, busy_epoch = await coordinator.init_producer_id("busy", 30_000, None)
+        clock.now += week - 1
+        recent, _ = await coordinator.init_producer_id("recent", 30_000, None)
+        await coordinator.add_partitions("busy", busy_pid, busy_epoch, {("b", 0)})
+
+        coordinator.tick()  # the first tick removes: not a week yet
+        await asyncio.sleep(0.05)
+        assert set(coordinator.transactions) == {"idle", "done", "busy", "recent"}
+        clock.now += 1
+        coordinator.remove_expired_ids()
+        for _ in range(200):
+            if "idle" not in coordinator.transactions and "done" not in coordinator.transactions:
+                break
+            await asyncio.sleep(0.01)
+        assert set(coordinator.transactions) == {"busy", "recent"}
+        assert coordinator.owned[0].ids == {"busy", "recent"}
+        with pytest.raises(KafkaError) as gone:
+            coordinator.describe("idle")
+        assert gone.value.code is ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+
+        tombstones = [  # a week on, the log has rolled: read every segment
+            decode_key(record.key)
+            for _, record in read_partition(partition)
+            if record.key is not None and record.value is None
+        ]
+        assert sorted(tombstones) == ["done", "idle"]
+        await coordinator.close()
+
+        successor = await loaded(partition, ProducerIds(2000), clock=clock)
+        assert set(successor.transactions) == {"busy", "recent"}
+        # The expired id starts afresh: a new producer id, epoch 0.
+        assert await successor.init_producer_id("idle", 30_000, None) == (2000, 0)
+        assert idle != 2000 and recent != 2000
 
     asyncio.run(run())

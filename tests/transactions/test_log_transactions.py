@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import Record, build_batch, decode_records, iter_batches
 from services.broker.storage import LogConfig, PartitionLog
 from services.broker.storage.errors import InvalidProducerEpochError
@@ -77,6 +78,34 @@ def test_a_marker_of_an_older_epoch_is_refused(tmp_path: Path) -> None:
     log.append_marker(7, 4, False, 0, leader_epoch=0)  # a fencing abort has a newer epoch
     log.update_high_watermark(log.log_end_offset)
     assert log.last_stable_offset == log.log_end_offset
+
+
+def test_a_marker_of_an_older_coordinator_epoch_is_fenced(tmp_path: Path) -> None:
+    """Kafka's check: a marker whose coordinator epoch is older than the producer's last
+    marker here comes from a coordinator that lost its partition; a follower that copied
+    the markers refuses it too once it leads."""
+    log = open_at(tmp_path / "t-0")
+    log.append(txn_batch(7, 0, 0, 2), leader_epoch=0)  # 0-1
+    log.append_marker(7, 0, True, 5, leader_epoch=0)  # 2, coordinator epoch 5
+    log.append(txn_batch(7, 0, 2, 1), leader_epoch=0)  # 3
+    end = log.log_end_offset
+    with pytest.raises(KafkaError) as refused:
+        log.append_marker(7, 0, False, 4, leader_epoch=0)
+    assert refused.value.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert log.log_end_offset == end
+    log.update_high_watermark(end)
+    assert log.last_stable_offset == 3  # still open: nothing was written
+    log.append_marker(8, 0, False, 1, leader_epoch=0)  # another producer: its own epoch
+    log.append_marker(7, 0, True, 5, leader_epoch=0)  # the same coordinator epoch is fine
+
+    follower = open_at(tmp_path / "f-0")
+    follower.append(log.read(0, 1 << 20).records.read(), assign_offsets=False)
+    follower.append(txn_batch(7, 0, 3, 1), leader_epoch=1)
+    with pytest.raises(KafkaError):
+        follower.append_marker(7, 0, True, 3, leader_epoch=1)
+    follower.append_marker(7, 0, True, 6, leader_epoch=1)
+    log.close()
+    follower.close()
 
 
 def test_an_open_transaction_survives_a_restart_and_reaches_followers(tmp_path: Path) -> None:

@@ -2,28 +2,24 @@
 broker leads, their membership (group.py) driven by requests and a clock, and their
 committed offsets, durable in that partition.
 
-Durability is Kafka's design: every commit, and every group generation a leader's assignment
-completes, is a record in the group's partition of the compacted `__consumer_offsets` topic,
-appended as its leader with acks=all, and the answer waits until the ISR has it. When this
-broker becomes a partition's leader it reads the partition back (COORDINATOR_LOAD_IN_PROGRESS
-meanwhile) and serves its groups from then on, members included, so a coordinator failover
-keeps every acknowledged commit and members need not rejoin. When it stops leading one,
-those groups are dropped and anything waiting is told NOT_COORDINATOR.
+Durability is Kafka's design (services/broker/internal_topic_coordinator.py): every commit,
+and every group generation a leader's assignment completes, is a record in the group's
+partition of the compacted `__consumer_offsets` topic, answered once the ISR has it. A new
+leader of a partition serves its groups, members included, so a coordinator failover keeps
+every acknowledged commit and members need not rejoin; anything waiting on a partition this
+broker stops leading is told NOT_COORDINATOR.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from directlog.protocol.errors import ErrorCode, KafkaError
-from directlog.records.batch import Record, build_batch, decode_records, iter_batches
-from services.broker.error_codes import error_code_for
+from directlog.records.batch import Record, build_batch
 from services.broker.groups.group import (
     CommittedOffset,
     Group,
@@ -48,31 +44,23 @@ from services.broker.groups.offsets_topic import (
     encode_group_value,
     encode_offset_key,
     encode_offset_value,
-    partition_for,
+)
+from services.broker.internal_topic_coordinator import (
+    TOO_LARGE,
+    InternalTopicCoordinator,
+    Keyed,
+    LedPartition,
+    append_replicated,
+    read_partition,
+    wall_ms,
 )
 from services.broker.partition import Partition
+from services.broker.storage.log import AppendResult
 from services.broker.storage.markers import COMMIT, control_type
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 1 << 20  # bytes read at a time when loading a partition
 TICK_SECONDS = 0.1  # how often deadlines are checked
-
-# How a failed append to __consumer_offsets is answered (Kafka's mapping).
-_STORE_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
-}
-_TOO_LARGE = (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +74,6 @@ class CoordinatorSettings:
     retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
 
 
-@dataclass(slots=True)
-class OffsetsPartition:
-    """A `__consumer_offsets` partition this broker leads, in one leader epoch."""
-
-    partition: Partition
-    leader_epoch: int
-    loaded: bool = False
-    groups: set[str] = field(default_factory=set)
-
-
 @dataclass(frozen=True, slots=True)
 class Commit:
     topic: str
@@ -105,69 +83,36 @@ class Commit:
     metadata: str | None
 
 
-class GroupCoordinator:
+# What _read_offsets finds: a record outside any transaction (producer id None), one in a
+# producer's transaction, or that producer's marker (commit: True/False).
+Read = tuple[int | None, Keyed | bool]
+
+
+class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
+    topic = OFFSETS_TOPIC
+    noun = "groups"
+
     def __init__(
         self,
         settings: CoordinatorSettings,
         partition_count: Callable[[], int],
         clock: Callable[[], int] = wall_ms,
     ) -> None:
+        super().__init__(partition_count, clock)
         self.settings = settings
-        self._partition_count = partition_count
-        self._clock = clock
         self.groups: dict[str, Group] = {}
-        self.owned: dict[int, OffsetsPartition] = {}
         self._waiters: dict[tuple[str, str, str], asyncio.Future[Reply]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ticker: asyncio.Task[None] | None = None
         self._next_expiry_check = 0
         # TxnOffsetCommit (KIP-98): offsets written in a transaction, by (partition,
         # producer id), that take effect when its COMMIT marker is written there.
         self._pending_txn: dict[tuple[int, int], list[tuple[str, str, int, CommittedOffset]]] = {}
 
-    # Lifecycle and leadership -------------------------------------------------------------
+    # Loading and unloading ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+    def _read(self, partition: Partition) -> list[Read]:
+        return _read_offsets(partition)
 
-    async def close(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        for index in list(self.owned):
-            self._unload(index)
-
-    def leadership_changed(self, partition: Partition) -> None:
-        """ReplicaManager's hook: a hosted partition became leader, follower, or went away."""
-        if partition.tp.topic != OFFSETS_TOPIC:
-            return
-        index = partition.tp.partition
-        owned = self.owned.get(index)
-        if partition.is_leader:
-            if owned is not None and owned.leader_epoch == partition.leader_epoch:
-                return
-            if owned is not None:
-                self._unload(index)
-            owned = self.owned[index] = OffsetsPartition(partition, partition.leader_epoch)
-            self._spawn(self._load(index, owned))
-        elif owned is not None:
-            self._unload(index)
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _load(self, index: int, owned: OffsetsPartition) -> None:
-        started = time.monotonic()
-        try:
-            read = await asyncio.to_thread(_read_partition, owned.partition)
-        except Exception:
-            log.exception("%s-%d: cannot load groups", OFFSETS_TOPIC, index)
-            return
-        if self.owned.get(index) is not owned:
-            return  # leadership moved on while reading
+    def _apply(self, index: int, owned: LedPartition, read: list[Read]) -> int:
         now = self._clock()
         records, open_txns = _settle_transactions(read)
         for log_offset, key, value in records:
@@ -175,18 +120,10 @@ class GroupCoordinator:
         for producer_id, txn_records in open_txns.items():
             for log_offset, key, value in txn_records:
                 self._hold(index, producer_id, log_offset, key, value)
-        owned.loaded = True
-        log.info(
-            "%s-%d: coordinating %d groups (loaded %d records in %.3f s)",
-            OFFSETS_TOPIC,
-            index,
-            len(owned.groups),
-            len(records),
-            time.monotonic() - started,
-        )
+        return len(records)
 
     def _replay(
-        self, owned: OffsetsPartition, log_offset: int, key: bytes, value: bytes | None, now: int
+        self, owned: LedPartition, log_offset: int, key: bytes, value: bytes | None, now: int
     ) -> None:
         try:
             decoded = decode_key(key)
@@ -202,7 +139,7 @@ class GroupCoordinator:
                     group.committed(decoded.topic, decoded.partition, offset)
             elif value is None:
                 self.groups.pop(decoded.group, None)
-                owned.groups.discard(decoded.group)
+                owned.ids.discard(decoded.group)
             else:
                 group = self._group(owned, decoded.group, create=True)
                 assert group is not None
@@ -210,13 +147,13 @@ class GroupCoordinator:
         except Exception as error:  # one bad record must not hide the others
             log.warning("%s at %d: skipping a record: %s", OFFSETS_TOPIC, log_offset, error)
 
-    def _group(self, owned: OffsetsPartition, group_id: str, *, create: bool) -> Group | None:
+    def _group(self, owned: LedPartition, group_id: str, *, create: bool) -> Group | None:
         group = self.groups.get(group_id)
         if group is None and create:
             group = self.groups[group_id] = Group(
                 group_id, self._clock(), self.settings.limits, _new_member_id
             )
-            owned.groups.add(group_id)
+            owned.ids.add(group_id)
         return group
 
     def _hold(
@@ -236,41 +173,22 @@ class GroupCoordinator:
         except Exception as error:
             log.warning("%s at %d: skipping a record: %s", OFFSETS_TOPIC, log_offset, error)
 
-    def _unload(self, index: int) -> None:
-        owned = self.owned.pop(index)
+    def _dropped(self, index: int, owned: LedPartition) -> None:
         for pending in [k for k in self._pending_txn if k[0] == index]:
             del self._pending_txn[pending]
-        for group_id in owned.groups:
+        for group_id in owned.ids:
             group = self.groups.pop(group_id, None)
             if group is not None:
                 group.mark_dead()
                 self._deliver(group)
-        if owned.groups:
-            log.info(
-                "%s-%d: no longer coordinating %d groups", OFFSETS_TOPIC, index, len(owned.groups)
-            )
 
     # Finding a group --------------------------------------------------------------------
 
-    def partition_of(self, group_id: str) -> int:
-        return partition_for(group_id, max(self._partition_count(), 1))
-
-    def _owned(self, group_id: str) -> OffsetsPartition:
-        """The partition of a group this broker coordinates; raises with the code clients
-        act on (INVALID_GROUP_ID, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS)."""
+    def _owned(self, group_id: str) -> LedPartition:
+        """As the base's, and INVALID_GROUP_ID for an empty group id."""
         if not group_id:
             raise KafkaError(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
-        index = self.partition_of(group_id)
-        owned = self.owned.get(index)
-        if owned is None:
-            raise KafkaError(
-                ErrorCode.NOT_COORDINATOR, f"{OFFSETS_TOPIC}-{index} is not led by this broker"
-            )
-        if not owned.loaded:
-            raise KafkaError(
-                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{OFFSETS_TOPIC}-{index} is loading"
-            )
-        return owned
+        return super()._owned(group_id)
 
     def lookup(self, group_id: str, *, create: bool = False) -> Group | None:
         owned = self._owned(group_id)
@@ -391,7 +309,7 @@ class GroupCoordinator:
             group.group_id,
             [(encode_group_key(GroupKey(group.group_id)), encode_group_value(value))],
         )
-        return ErrorCode.UNKNOWN_SERVER_ERROR if code in _TOO_LARGE else code
+        return ErrorCode.UNKNOWN_SERVER_ERROR if code in TOO_LARGE else code
 
     # Offsets -------------------------------------------------------------------------------
 
@@ -418,23 +336,12 @@ class GroupCoordinator:
         code = group.validate_commit(member_id, group_instance_id, generation, self._clock())
         if code is not ErrorCode.NONE:
             return [code] * len(commits)
-        codes = [ErrorCode.NONE] * len(commits)
-        records: list[tuple[bytes, bytes | None]] = []
-        kept: list[tuple[int, Commit]] = []
         now = self._clock()
-        for i, commit in enumerate(commits):
-            metadata = commit.metadata or ""
-            if len(metadata.encode("utf-8")) > self.settings.metadata_max_bytes:
-                codes[i] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-                continue
-            key = encode_offset_key(OffsetKey(group_id, commit.topic, commit.partition))
-            value = OffsetValue(commit.offset, commit.leader_epoch, metadata, now)
-            records.append((key, encode_offset_value(value)))
-            kept.append((i, commit))
+        codes, records, kept = self._offset_records(group_id, commits, now)
         if not records:
             return codes
         code, first = await self._append(group_id, records)
-        if code in _TOO_LARGE:
+        if code in TOO_LARGE:
             code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
         for n, (i, commit) in enumerate(kept):
             codes[i] = code
@@ -477,19 +384,8 @@ class GroupCoordinator:
             return [code] * len(commits)
         if group is None:
             self._group(owned, group_id, create=True)
-        codes = [ErrorCode.NONE] * len(commits)
-        records: list[tuple[bytes, bytes | None]] = []
-        kept: list[tuple[int, Commit]] = []
         now = self._clock()
-        for i, commit in enumerate(commits):
-            metadata = commit.metadata or ""
-            if len(metadata.encode("utf-8")) > self.settings.metadata_max_bytes:
-                codes[i] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-                continue
-            key = encode_offset_key(OffsetKey(group_id, commit.topic, commit.partition))
-            value = OffsetValue(commit.offset, commit.leader_epoch, metadata, now)
-            records.append((key, encode_offset_value(value)))
-            kept.append((i, commit))
+        codes, records, kept = self._offset_records(group_id, commits, now)
         if not records:
             return codes
         partition = owned.partition
@@ -507,33 +403,45 @@ class GroupCoordinator:
                 transactional=True,
             )
 
-        try:
+        def append() -> AppendResult:
             partition.check_appendable(-1)
             appended = partition.log.append_from_coordinator(build, partition.leader_epoch)
             partition.appended()
-            await partition.wait_replicated(
-                appended.last_offset, self.settings.commit_timeout_ms / 1000
-            )
-        except Exception as error:
-            code = error_code_for(error)
-            if code is ErrorCode.UNKNOWN_SERVER_ERROR:
-                log.exception("group %s: transactional commit to %s failed", group_id, partition.tp)
-            code = _STORE_ERRORS.get(
-                code, code if code in _TOO_LARGE else ErrorCode.UNKNOWN_SERVER_ERROR
-            )
+            return appended
+
+        code, first = await append_replicated(
+            partition, append, self.settings.commit_timeout_ms, f"group {group_id}"
+        )
+        if code is not ErrorCode.NONE:
             return [code if c is ErrorCode.NONE else c for c in codes]
         if self.owned.get(index) is owned:
             held = self._pending_txn.setdefault((index, producer_id), [])
             for n, (_, commit) in enumerate(kept):
                 offset = CommittedOffset(
-                    commit.offset,
-                    commit.leader_epoch,
-                    commit.metadata or "",
-                    now,
-                    appended.first_offset + n,
+                    commit.offset, commit.leader_epoch, commit.metadata or "", now, first + n
                 )
                 held.append((group_id, commit.topic, commit.partition, offset))
         return codes
+
+    def _offset_records(
+        self, group_id: str, commits: list[Commit], now: int
+    ) -> tuple[list[ErrorCode], list[tuple[bytes, bytes | None]], list[tuple[int, Commit]]]:
+        """The records of a commit request: a code per commit (NONE so far, or
+        OFFSET_METADATA_TOO_LARGE), the key and value of each kept one, and the kept ones
+        with their index in the request."""
+        codes = [ErrorCode.NONE] * len(commits)
+        records: list[tuple[bytes, bytes | None]] = []
+        kept: list[tuple[int, Commit]] = []
+        for i, commit in enumerate(commits):
+            metadata = commit.metadata or ""
+            if len(metadata.encode("utf-8")) > self.settings.metadata_max_bytes:
+                codes[i] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                continue
+            key = encode_offset_key(OffsetKey(group_id, commit.topic, commit.partition))
+            value = OffsetValue(commit.offset, commit.leader_epoch, metadata, now)
+            records.append((key, encode_offset_value(value)))
+            kept.append((i, commit))
+        return codes, records, kept
 
     def transaction_ended(self, index: int, producer_id: int, commit: bool) -> None:
         """A marker of the producer's transaction is written to __consumer_offsets-index
@@ -624,7 +532,7 @@ class GroupCoordinator:
         self.groups.pop(group.group_id, None)
         owned = self.owned.get(self.partition_of(group.group_id))
         if owned is not None:
-            owned.groups.discard(group.group_id)
+            owned.ids.discard(group.group_id)
 
     # Listing ----------------------------------------------------------------------------
 
@@ -634,12 +542,9 @@ class GroupCoordinator:
             self.groups[g]
             for owned in self.owned.values()
             if owned.loaded
-            for g in sorted(owned.groups)
+            for g in sorted(owned.ids)
             if g in self.groups and self.groups[g].state is not GroupState.DEAD
         ]
-
-    def loading(self) -> bool:
-        return any(not owned.loaded for owned in self.owned.values())
 
     # Appending to __consumer_offsets -------------------------------------------------------
 
@@ -654,29 +559,17 @@ class GroupCoordinator:
         now = self._clock()
         batch = build_batch([Record(i, now, key, value) for i, (key, value) in enumerate(records)])
         partition = owned.partition
-        try:
-            appended = partition.append_as_leader(batch, -1)
-            await partition.wait_replicated(
-                appended.last_offset, self.settings.commit_timeout_ms / 1000
-            )
-        except Exception as error:
-            code = error_code_for(error)
-            if code is ErrorCode.UNKNOWN_SERVER_ERROR:
-                log.exception("group %s: append to %s failed", group_id, partition.tp)
-            return _STORE_ERRORS.get(
-                code, code if code in _TOO_LARGE else ErrorCode.UNKNOWN_SERVER_ERROR
-            ), -1
-        return ErrorCode.NONE, appended.first_offset
+        return await append_replicated(
+            partition,
+            lambda: partition.append_as_leader(batch, -1),
+            self.settings.commit_timeout_ms,
+            f"group {group_id}",
+        )
 
     # Time ---------------------------------------------------------------------------------
 
-    async def _tick_forever(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_SECONDS)
-            try:
-                self.tick()
-            except Exception:
-                log.exception("group coordinator tick failed")
+    def _tick_seconds(self) -> float:
+        return TICK_SECONDS
 
     def tick(self) -> None:
         now = self._clock()
@@ -695,7 +588,7 @@ class GroupCoordinator:
         now = self._clock()
         retention = self.settings.retention_ms
         for group in list(self.groups.values()):
-            if group.state is not GroupState.EMPTY or not self._is_loaded(group):
+            if group.state is not GroupState.EMPTY or not self._is_loaded(group.group_id):
                 continue
             if group.protocol_type is None and group.generation == 0:
                 expired = [
@@ -722,10 +615,6 @@ class GroupCoordinator:
                 ):
                     self._forget(group)
 
-    def _is_loaded(self, group: Group) -> bool:
-        owned = self.owned.get(self.partition_of(group.group_id))
-        return owned is not None and owned.loaded
-
 
 def _abandoned(group: Group) -> bool:
     """Empty with nothing to keep: no members, no member ids handed out and waiting for
@@ -746,32 +635,16 @@ def _new_member_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4()}"
 
 
-Keyed = tuple[int, bytes, bytes | None]  # a record of the partition: offset, key, value
-# What _read_partition finds: a record outside any transaction (producer id None), one in a
-# producer's transaction, or that producer's marker (commit: True/False).
-Read = tuple[int | None, Keyed | bool]
-
-
-def _read_partition(partition: Partition) -> list[Read]:
+def _read_offsets(partition: Partition) -> list[Read]:
     """Every keyed record of the partition and every transaction marker, in order."""
-    log_ = partition.log
-    offset = log_.log_start_offset
-    end = log_.log_end_offset
     out: list[Read] = []
-    while offset < end:
-        read = log_.read(offset, READ_CHUNK, upper_offset=end)
-        data = read.records.read()
-        if not data:
-            break
-        for position, header in iter_batches(data):
-            producer = header.producer_id if header.is_transactional else None
-            for record in decode_records(data, position, header):
-                if header.is_control:
-                    if producer is not None:
-                        out.append((producer, control_type(record.key) == COMMIT))
-                elif record.key is not None:
-                    out.append((producer, (record.offset, record.key, record.value)))
-        offset = max(read.next_offset, offset + 1)
+    for header, record in read_partition(partition):
+        producer = header.producer_id if header.is_transactional else None
+        if header.is_control:
+            if producer is not None:
+                out.append((producer, control_type(record.key) == COMMIT))
+        elif record.key is not None:
+            out.append((producer, (record.offset, record.key, record.value)))
     return out
 
 

@@ -438,9 +438,10 @@ class PartitionLog:
         """A leader writes a transaction marker (storage/markers.py) at the log end, ending
         the producer's open transaction here. Producers may not write control batches, so
         the marker is built here; an epoch older than the producer's here raises
-        InvalidProducerEpochError."""
+        InvalidProducerEpochError, an older coordinator epoch than its last marker's here
+        TRANSACTION_COORDINATOR_FENCED."""
         with self._lock:
-            self.producers.check_marker(producer_id, producer_epoch)
+            self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
             return self.append_from_coordinator(
                 lambda base_offset, now: build_marker(
                     producer_id,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import struct
 
-from directlog.records.batch import Record, build_batch
+from directlog.records.batch import Record, build_batch, decode_records, read_header
 from directlog.records.errors import CorruptRecordError
+from directlog.records.varint import Buffer
 
 ABORT, COMMIT = 0, 1  # ControlRecordType
 _KEY = struct.Struct(">hh")  # version, type
@@ -53,3 +54,14 @@ def control_type(key: bytes | None) -> int:
     if version < 0:
         raise CorruptRecordError(f"control record key version {version}")
     return int(kind)
+
+
+def marker_coordinator_epoch(buf: Buffer, position: int) -> int | None:
+    """The coordinator epoch in the EndTransactionMarker of the control batch at
+    buf[position] (None: its record has no such value)."""
+    header = read_header(buf, position, len(buf))
+    for record in decode_records(buf, position, header):
+        value = record.value
+        if value is not None and len(value) >= _VALUE.size:
+            return int(_VALUE.unpack_from(value)[1])
+    return None

@@ -30,6 +30,7 @@ from typing import NamedTuple
 from crc32c import crc32c
 
 from directlog.durable_files import write_atomically
+from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import ATTRIBUTES_AT, CONTROL_FLAG, TRANSACTIONAL_FLAG, BatchHeader
 from directlog.records.errors import InvalidRecordError
 from directlog.records.varint import Buffer
@@ -38,6 +39,7 @@ from services.broker.storage.errors import (
     OutOfOrderSequenceError,
     StorageError,
 )
+from services.broker.storage.markers import marker_coordinator_epoch
 from services.broker.storage.validator import AppendPlan, BatchPlan
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,10 @@ class ProducerEntry:
     # Offset of its open transaction's first batch here (KIP-98), -1 when none is open:
     # the last stable offset stays at or below it until the transaction's marker.
     txn_first_offset: int = -1
+    # The coordinator epoch of its latest marker here (-1: none seen since this broker
+    # loaded the partition; snapshots do not keep it): a marker from an older one is a
+    # fenced coordinator's.
+    coordinator_epoch: int = -1
 
     @property
     def last_sequence(self) -> int:
@@ -94,7 +100,11 @@ class ProducerEntry:
 
     def copy(self) -> ProducerEntry:
         return ProducerEntry(
-            self.producer_epoch, self.last_timestamp, list(self.batches), self.txn_first_offset
+            self.producer_epoch,
+            self.last_timestamp,
+            list(self.batches),
+            self.txn_first_offset,
+            self.coordinator_epoch,
         )
 
     def add(self, epoch: int, timestamp: int, batch: BatchMetadata | None) -> None:
@@ -195,14 +205,25 @@ class ProducerStateManager:
             if entry.txn_first_offset >= 0:
                 self._open_txns[producer_id] = entry.txn_first_offset
 
-    def check_marker(self, producer_id: int, epoch: int) -> None:
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
         """A transaction marker of a producer epoch older than the partition has seen
-        comes from a fenced coordinator or a stale request: InvalidProducerEpochError."""
+        comes from a fenced coordinator or a stale request: InvalidProducerEpochError; one
+        from an older coordinator epoch than the producer's last marker here, from a
+        coordinator that lost its `__transaction_state` partition:
+        TRANSACTION_COORDINATOR_FENCED (Kafka's ProducerAppendInfo checks, in that order)."""
         entry = self._producers.get(producer_id)
-        if entry is not None and epoch < entry.producer_epoch:
+        if entry is None:
+            return
+        if epoch < entry.producer_epoch:
             raise InvalidProducerEpochError(
                 f"producer id {producer_id}: marker epoch {epoch} is older than its epoch "
                 f"{entry.producer_epoch} in this partition"
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise KafkaError(
+                ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                f"producer id {producer_id}: marker coordinator epoch {coordinator_epoch} is "
+                f"older than {entry.coordinator_epoch}, its last marker's in this partition",
             )
 
     def take_ended(self) -> list[tuple[int, int, int]]:
@@ -244,6 +265,7 @@ class ProducerStateManager:
                 batch.last_offset,
                 batch.max_timestamp,
                 attributes,
+                marker_coordinator_epoch(buf, position) if attributes & CONTROL_FLAG else None,
             )
 
     def update(self, header: BatchHeader) -> None:
@@ -268,7 +290,9 @@ class ProducerStateManager:
         last_offset: int,
         max_timestamp: int,
         attributes: int,
+        coordinator_epoch: int | None = None,
     ) -> None:
+        """`coordinator_epoch`: a marker's, when its record was read (None: not read)."""
         entry = self._producers.get(producer_id)
         if entry is None:
             entry = self._producers[producer_id] = ProducerEntry(epoch, max_timestamp)
@@ -279,6 +303,8 @@ class ProducerStateManager:
                 self._ended.append((producer_id, entry.txn_first_offset, last_offset))
             entry.txn_first_offset = -1
             self._open_txns.pop(producer_id, None)
+            if coordinator_epoch is not None:
+                entry.coordinator_epoch = coordinator_epoch
         else:
             last = _add_sequence(first, last_offset - first_offset)
             metadata = BatchMetadata(first, last, first_offset, last_offset, max_timestamp)

@@ -2,27 +2,31 @@
 `__transaction_state` partition this broker leads, driven by requests, each state change
 durable in that partition before it is answered (docs/transactions.md).
 
-The shape is the group coordinator's: every transition a request makes (metadata.py) is a
-record appended to the id's partition of the compacted `__transaction_state` as its leader,
-and the answer waits until the ISR has it. When this broker becomes a partition's leader it
-reads the partition back (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and serves its ids from
-then on; when it stops leading one, those ids are dropped and their requests are told
-NOT_COORDINATOR, so clients look the coordinator up again.
+The shape is the group coordinator's (services/broker/internal_topic_coordinator.py): every
+transition a request makes (metadata.py) is a record appended to the id's partition of the
+compacted `__transaction_state` as its leader, answered once the ISR has it; a new leader of
+a partition reads it back and finishes the transactions it finds decided.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from directlog.protocol.errors import ErrorCode, KafkaError
-from directlog.records.batch import Record, build_batch, decode_records, iter_batches
-from services.broker.error_codes import error_code_for
-from services.broker.groups.offsets_topic import partition_for
+from directlog.records.batch import Record, build_batch
+from services.broker.internal_topic_coordinator import (
+    TOO_LARGE,
+    InternalTopicCoordinator,
+    Keyed,
+    LedPartition,
+    append_replicated,
+    read_partition,
+    wall_ms,
+)
 from services.broker.partition import Partition
 from services.broker.transactions.metadata import Transaction, TxnError, TxnMetadata, TxnState
 from services.broker.transactions.state_topic import (
@@ -35,28 +39,15 @@ from services.broker.transactions.state_topic import (
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 1 << 20  # bytes read at a time when loading a partition
 MARKER_RETRY_SECONDS = (0.05, 1.0)  # first and longest wait between marker attempts
 _PREPARED = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 # A marker answered so is not retried: the partition is gone, or a newer epoch of the
-# producer is already there (only a newer coordinator could have written it).
-_MARKER_FINAL = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH)
-
-# How a failed append to __transaction_state is answered (Kafka's mapping in
-# TransactionStateManager.appendTransactionToLog).
-_STORE_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
-}
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+# producer or of the coordinator is already there (this coordinator was replaced).
+_MARKER_FINAL = (
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+)
 
 
 class ProducerIds(Protocol):
@@ -87,19 +78,15 @@ class TransactionSettings:
     # transaction.abort.timed.out.transaction.cleanup.interval.ms
     abort_check_interval_ms: int = 10_000
     append_timeout_ms: int = 5000  # how long a state change waits for the ISR
+    id_expiration_ms: int = 7 * 24 * 3600 * 1000  # transactional.id.expiration.ms
+    # transaction.remove.expired.transaction.cleanup.interval.ms
+    id_removal_interval_ms: int = 3_600_000
 
 
-@dataclass(slots=True)
-class StatePartition:
-    """A `__transaction_state` partition this broker leads, in one leader epoch."""
+class TransactionCoordinator(InternalTopicCoordinator[list[Keyed]]):
+    topic = TRANSACTION_STATE_TOPIC
+    noun = "transactional ids"
 
-    partition: Partition
-    leader_epoch: int
-    loaded: bool = False
-    ids: set[str] = field(default_factory=set)
-
-
-class TransactionCoordinator:
     def __init__(
         self,
         settings: TransactionSettings,
@@ -108,61 +95,26 @@ class TransactionCoordinator:
         markers: Markers,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
+        super().__init__(partition_count, clock)
         self.settings = settings
-        self._partition_count = partition_count
         self._producer_ids = producer_ids
         self._markers = markers
-        self._clock = clock
         self.transactions: dict[str, Transaction] = {}
-        self.owned: dict[int, StatePartition] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ticker: asyncio.Task[None] | None = None
+        self._next_removal = 0
 
-    # Leadership -----------------------------------------------------------------------------
+    # Loading and unloading ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+    def _read(self, partition: Partition) -> list[Keyed]:
+        """Every keyed record of the partition, in order."""
+        return [
+            (record.offset, record.key, record.value)
+            for header, record in read_partition(partition)
+            if not header.is_control and record.key is not None
+        ]
 
-    async def close(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        for index in list(self.owned):
-            self._unload(index)
-
-    def leadership_changed(self, partition: Partition) -> None:
-        """ReplicaManager's hook: a hosted partition became leader, follower, or went away."""
-        if partition.tp.topic != TRANSACTION_STATE_TOPIC:
-            return
-        index = partition.tp.partition
-        owned = self.owned.get(index)
-        if partition.is_leader:
-            if owned is not None and owned.leader_epoch == partition.leader_epoch:
-                return
-            if owned is not None:
-                self._unload(index)
-            owned = self.owned[index] = StatePartition(partition, partition.leader_epoch)
-            self._spawn(self._load(index, owned))
-        elif owned is not None:
-            self._unload(index)
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _load(self, index: int, owned: StatePartition) -> None:
-        started = time.monotonic()
-        try:
-            records = await asyncio.to_thread(_read_partition, owned.partition)
-        except Exception:
-            log.exception("%s-%d: cannot load transactions", TRANSACTION_STATE_TOPIC, index)
-            return
-        if self.owned.get(index) is not owned:
-            return  # leadership moved on while reading
+    def _apply(self, index: int, owned: LedPartition, read: list[Keyed]) -> int:
         latest: dict[str, TxnMetadata | None] = {}
-        for log_offset, key, value in records:
+        for log_offset, key, value in read:
             try:
                 latest[decode_key(key)] = None if value is None else decode_value(value)
             except Exception as error:  # one bad record must not hide the others
@@ -179,47 +131,11 @@ class TransactionCoordinator:
                 owned.ids.add(transactional_id)
                 if metadata.state in _PREPARED:  # decided, but maybe not every marker written
                     self._spawn(self._finish(txn))
-        owned.loaded = True
-        log.info(
-            "%s-%d: coordinating %d transactional ids (loaded %d records in %.3f s)",
-            TRANSACTION_STATE_TOPIC,
-            index,
-            len(owned.ids),
-            len(records),
-            time.monotonic() - started,
-        )
+        return len(read)
 
-    def _unload(self, index: int) -> None:
-        owned = self.owned.pop(index)
+    def _dropped(self, index: int, owned: LedPartition) -> None:
         for transactional_id in owned.ids:
             self.transactions.pop(transactional_id, None)
-        if owned.ids:
-            log.info(
-                "%s-%d: no longer coordinating %d transactional ids",
-                TRANSACTION_STATE_TOPIC,
-                index,
-                len(owned.ids),
-            )
-
-    def partition_of(self, transactional_id: str) -> int:
-        return partition_for(transactional_id, max(self._partition_count(), 1))
-
-    def _owned(self, transactional_id: str) -> StatePartition:
-        """The partition of an id this broker coordinates; raises with the code clients act
-        on (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS)."""
-        index = self.partition_of(transactional_id)
-        owned = self.owned.get(index)
-        if owned is None:
-            raise KafkaError(
-                ErrorCode.NOT_COORDINATOR,
-                f"{TRANSACTION_STATE_TOPIC}-{index} is not led by this broker",
-            )
-        if not owned.loaded:
-            raise KafkaError(
-                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                f"{TRANSACTION_STATE_TOPIC}-{index} is loading",
-            )
-        return owned
 
     # InitProducerId -------------------------------------------------------------------------
 
@@ -284,9 +200,6 @@ class TransactionCoordinator:
             and txn.current.producer_epoch >= 0
         ]
         return sorted(found, key=lambda item: item[0])
-
-    def loading(self) -> bool:
-        return any(not owned.loaded for owned in self.owned.values())
 
     # Transactions -----------------------------------------------------------------------------
 
@@ -376,31 +289,29 @@ class TransactionCoordinator:
 
     # Timeouts -------------------------------------------------------------------------------
 
-    async def _tick_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.abort_check_interval_ms / 1000)
-            try:
-                self.abort_expired()
-            except Exception:
-                log.exception("transaction timeout check failed")
+    def _tick_seconds(self) -> float:
+        return self.settings.abort_check_interval_ms / 1000
+
+    def tick(self) -> None:
+        self.abort_expired()
+        now = self._clock()
+        if now >= self._next_removal:
+            self._next_removal = now + self.settings.id_removal_interval_ms
+            self.remove_expired_ids()
 
     def abort_expired(self) -> None:
         """Abort, under a bumped epoch, every loaded transaction open longer than its
         timeout (its producer is fenced and must start again)."""
         now = self._clock()
-        for owned in list(self.owned.values()):
-            if not owned.loaded:
-                continue
-            for transactional_id in list(owned.ids):
-                txn = self.transactions.get(transactional_id)
-                target = txn.prepare_expiry_abort(now) if txn is not None else None
-                if txn is not None and target is not None:
-                    log.info(
-                        "%s: transaction open for %d ms, longer than its timeout: aborting",
-                        transactional_id,
-                        now - target.start_ms,
-                    )
-                    self._spawn(self._abort_expired(txn, target))
+        for txn in self._loaded():
+            target = txn.prepare_expiry_abort(now)
+            if target is not None:
+                log.info(
+                    "%s: transaction open for %d ms, longer than its timeout: aborting",
+                    txn.transactional_id,
+                    now - target.start_ms,
+                )
+                self._spawn(self._abort_expired(txn, target))
 
     async def _abort_expired(self, txn: Transaction, target: TxnMetadata) -> None:
         try:
@@ -409,6 +320,40 @@ class TransactionCoordinator:
             log.info("%s: expiry abort not stored: %s", txn.transactional_id, error)
             return
         await self._finish(txn)
+
+    def remove_expired_ids(self) -> None:
+        """Remove every loaded id idle longer than transactional.id.expiration.ms: a
+        tombstone in its partition, then the id is forgotten (its next InitProducerId
+        starts afresh with a new producer id)."""
+        now = self._clock()
+        for txn in self._loaded():
+            target = txn.prepare_removal(now, self.settings.id_expiration_ms)
+            if target is not None:
+                self._spawn(self._remove(txn, target))
+
+    def _loaded(self) -> list[Transaction]:
+        """The ids of every loaded partition this broker leads."""
+        return [
+            txn
+            for owned in self.owned.values()
+            if owned.loaded
+            for transactional_id in owned.ids
+            if (txn := self.transactions.get(transactional_id)) is not None
+        ]
+
+    async def _remove(self, txn: Transaction, target: TxnMetadata) -> None:
+        transactional_id = txn.transactional_id
+        try:
+            await self._write(txn, target)
+        except KafkaError as error:
+            log.info("%s: expired id not removed: %s", transactional_id, error)
+            return
+        if self.transactions.get(transactional_id) is txn:
+            del self.transactions[transactional_id]
+            owned = self.owned.get(self.partition_of(transactional_id))
+            if owned is not None:
+                owned.ids.discard(transactional_id)
+        log.info("%s: transactional id expired and removed", transactional_id)
 
     async def _write(self, txn: Transaction, target: TxnMetadata) -> None:
         """Store the pending transition and make it current, or abandon it and raise. The
@@ -433,37 +378,16 @@ class TransactionCoordinator:
         owned = self.owned.get(self.partition_of(transactional_id))
         if owned is None:
             return ErrorCode.NOT_COORDINATOR
-        record = Record(0, self._clock(), encode_key(transactional_id), encode_value(metadata))
+        # Dead is stored as the id's tombstone, which compaction removes in time.
+        value = None if metadata.state is TxnState.DEAD else encode_value(metadata)
+        record = Record(0, self._clock(), encode_key(transactional_id), value)
+        batch = build_batch([record])
         partition = owned.partition
-        try:
-            appended = partition.append_as_leader(build_batch([record]), -1)
-            await partition.wait_replicated(
-                appended.last_offset, self.settings.append_timeout_ms / 1000
-            )
-        except Exception as error:
-            code = error_code_for(error)
-            if code is ErrorCode.UNKNOWN_SERVER_ERROR:
-                log.exception("%s: append to %s failed", transactional_id, partition.tp)
-            return _STORE_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
-        return ErrorCode.NONE
-
-
-def _read_partition(partition: Partition) -> list[tuple[int, bytes, bytes | None]]:
-    """Every keyed record of the partition, in order: (offset, key, value)."""
-    log_ = partition.log
-    offset = log_.log_start_offset
-    end = log_.log_end_offset
-    out: list[tuple[int, bytes, bytes | None]] = []
-    while offset < end:
-        read = log_.read(offset, READ_CHUNK, upper_offset=end)
-        data = read.records.read()
-        if not data:
-            break
-        for position, header in iter_batches(data):
-            if header.is_control:
-                continue
-            for record in decode_records(data, position, header):
-                if record.key is not None:
-                    out.append((record.offset, record.key, record.value))
-        offset = max(read.next_offset, offset + 1)
-    return out
+        code, _ = await append_replicated(
+            partition,
+            lambda: partition.append_as_leader(batch, -1),
+            self.settings.append_timeout_ms,
+            transactional_id,
+        )
+        # Kafka answers a too-large state record as UNKNOWN_SERVER_ERROR.
+        return ErrorCode.UNKNOWN_SERVER_ERROR if code in TOO_LARGE else code

@@ -310,3 +310,16 @@ class Transaction:
         ):
             return None
         return self._begin(self._fenced(now))
+
+    def prepare_removal(self, now: int, expiration_ms: int) -> TxnMetadata | None:
+        """transactional.id.expiration.ms: an id with no transaction in flight (Empty,
+        CompleteCommit, CompleteAbort) not written for that long goes Dead, stored as its
+        tombstone; None when this one is not due."""
+        current = self.current
+        if (
+            self.pending is not None
+            or current.state not in _DONE
+            or current.last_update_ms > now - expiration_ms
+        ):
+            return None
+        return self._begin(replace(current, state=TxnState.DEAD, last_update_ms=now))
