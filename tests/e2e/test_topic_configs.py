@@ -30,6 +30,7 @@ from directlog.records.compression import Compression
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.conftest import Clients
 from tests.e2e.records import raw_request
+from tests.e2e.test_admin import incremental as raw_incremental
 from tests.e2e.test_old_consumers import old_fetch
 
 with warnings.catch_warnings():  # kafka-python loads its schemas through deprecated APIs
@@ -37,7 +38,7 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import ConfigResource as KpConfigResource
     from kafka.admin import ConfigResourceType, KafkaAdminClient
-    from kafka.protocol.admin import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+    from kafka.protocol.admin import DescribeConfigsRequest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -365,27 +366,6 @@ def test_a_broker_describes_its_static_configs_with_their_source(module_broker, 
     assert described["log.segment.jitter.ms"]["value"] == "0"
 
 
-def raw_alter(bootstrap: str, resource_type: int, name: str, configs: dict[str, str]) -> Any:
-    """One IncrementalAlterConfigs (SET each) of one resource; its answer."""
-    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
-    request = IncrementalAlterConfigsRequest(
-        version=1,
-        resources=[
-            resource(
-                resource_type=resource_type,
-                resource_name=name,
-                configs=[
-                    resource.AlterableConfig(name=k, config_operation=0, value=v)
-                    for k, v in configs.items()
-                ],
-            )
-        ],
-        validate_only=False,
-    )
-    (answer,) = raw_request(bootstrap, request).responses
-    return answer
-
-
 def raw_describe(bootstrap: str, resources: list[tuple[int, str]]) -> list[Any]:
     request = DescribeConfigsRequest(
         version=4,
@@ -432,8 +412,10 @@ def test_static_broker_configs_cannot_be_updated_dynamically(module_broker, clie
         "[Error 42] InvalidRequestError: Cannot update these configs dynamically: "
         "Set(auto.create.topics.enable, log.dirs)"
     )
-    cluster_wide = raw_alter(module_broker.bootstrap, BROKER_RESOURCE, "", {"group.max.size": "10"})
-    assert (cluster_wide.error_code, cluster_wide.error_message) == (
+    cluster_wide = raw_incremental(
+        module_broker.bootstrap, BROKER_RESOURCE, "", ("group.max.size", 0, "10")
+    )
+    assert cluster_wide == (
         ErrorCode.INVALID_REQUEST,
         "Cannot update these configs dynamically: Set(group.max.size)",
     )
@@ -518,23 +500,8 @@ def test_group_configs_are_refused_as_kafka_3_7_refuses_them(module_broker, clie
 
 def raw_change(bootstrap: str, name: str, configs: dict[str, str | None]) -> tuple[int, Any]:
     """IncrementalAlterConfigs of broker resource ``name``: SET each, DELETE those None."""
-    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
-    request = IncrementalAlterConfigsRequest(
-        version=1,
-        resources=[
-            resource(
-                resource_type=BROKER_RESOURCE,
-                resource_name=name,
-                configs=[
-                    resource.AlterableConfig(name=k, config_operation=int(v is None), value=v)
-                    for k, v in configs.items()
-                ],
-            )
-        ],
-        validate_only=False,
-    )
-    (answer,) = raw_request(bootstrap, request).responses
-    return answer.error_code, answer.error_message
+    changes = ((k, int(v is None), v) for k, v in configs.items())
+    return raw_incremental(bootstrap, BROKER_RESOURCE, name, *changes)
 
 
 LEADER_RATE = "leader.replication.throttled.rate"
