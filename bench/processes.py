@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 STOP_SECONDS = 5.0
 RESULTS = Path(__file__).resolve().parent / "results"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+Sizes = TypeVar("Sizes")
 
 
 def free_ports(count: int) -> list[int]:
@@ -96,3 +99,22 @@ def save_results(name: str, figures: dict[str, Any], line: Any = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures if line is None else line))
+
+
+def sized_options(
+    prog: str, description: str | None, quick: Sizes, full: Sizes, argv: list[str] | None
+) -> tuple[Sizes, bool]:
+    """The options of the benches that run sized rounds on pinned CPUs: `--quick` (`quick`
+    instead of `full`, a dataclass with a `rounds` field), `--rounds N` and `--no-pin`.
+    Returns the sizes to run and whether to pin."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--quick", action="store_true", help="fewer records, shorter runs")
+    parser.add_argument("--rounds", type=int, help="rounds of each measurement")
+    parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="leave placement to the scheduler"
+    )
+    args = parser.parse_args(argv)
+    sizes = quick if args.quick else full
+    if args.rounds:
+        sizes = dataclasses.replace(sizes, rounds=args.rounds)  # type: ignore[type-var]
+    return sizes, bool(args.pin)

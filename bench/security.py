@@ -50,7 +50,6 @@ bench/results/security.json (MB = 10**6 bytes).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ctypes
 import os
@@ -89,7 +88,7 @@ from bench.broker import (
     produce,
     wait_for_topic,
 )
-from bench.processes import keep_freed_heap, print_goals, save_results
+from bench.processes import keep_freed_heap, print_goals, save_results, sized_options
 from directlog.protocol.client import ClientSecurity, KafkaConnection, SaslLogin
 from directlog.security.acl import (
     AclBinding,
@@ -829,18 +828,9 @@ def run(sizes: Sizes, placement: Placement | None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench.security", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer records, shorter runs")
-    parser.add_argument("--rounds", type=int, help="rounds of the throughputs and the logins")
-    parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="leave placement to the scheduler"
-    )
-    args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    if args.rounds:
-        sizes = Sizes(**{**vars(sizes), "rounds": args.rounds})
+    sizes, pin = sized_options("bench.security", __doc__, QUICK, FULL, argv)
     keep_freed_heap()
-    save_results("security", run(sizes, Placement.split(args.pin)))
+    save_results("security", run(sizes, Placement.split(pin)))
 
 
 if __name__ == "__main__":

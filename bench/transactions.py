@@ -54,7 +54,6 @@ and the error, its figures stay null, and the bench exits with status 1.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import struct
@@ -87,7 +86,7 @@ from bench.broker import (
     delete_topic,
     wait_for_topic,
 )
-from bench.processes import keep_freed_heap, print_goals, save_results
+from bench.processes import keep_freed_heap, print_goals, save_results, sized_options
 from tests.e2e.cluster import Cluster
 
 RECORD = 200
@@ -603,18 +602,9 @@ def run(sizes: Sizes, placement: Placement | None) -> tuple[dict[str, Any], list
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench.transactions", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="shorter runs, one round")
-    parser.add_argument("--rounds", type=int, help="throughput pairs and latency runs per mode")
-    parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="leave placement to the scheduler"
-    )
-    args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    if args.rounds:
-        sizes = Sizes(**{**vars(sizes), "rounds": args.rounds})
+    sizes, pin = sized_options("bench.transactions", __doc__, QUICK, FULL, argv)
     keep_freed_heap()
-    placement = Placement.split(args.pin)
+    placement = Placement.split(pin)
     figures, errors = run(sizes, placement)
     print_tables(figures, sizes)
     met = goals(figures)
