@@ -723,17 +723,6 @@ class KafkaApis:
                     )
                     partition_log = partition.log
                     throttle = False
-                    preferred = self._preferred_read_replica(
-                        request, version, replica, partition, wanted.fetch_offset, now
-                    )
-                    if preferred is not None:  # no records: the consumer goes there
-                        data.preferred_read_replica = preferred
-                        data.high_watermark = partition_log.high_watermark
-                        data.last_stable_offset = partition_log.last_stable_offset
-                        data.log_start_offset = partition_log.log_start_offset
-                        data.records = b""
-                        partitions.append(data)
-                        continue
                     if replica >= 0:
                         partition.follower_fetched(
                             replica,
@@ -745,28 +734,30 @@ class KafkaApis:
                         throttle = quotas.leader_throttles(
                             partition.config, wanted.partition, partition.info.isr, replica
                         )
-                    else:
-                        upper = (
-                            partition_log.last_stable_offset
-                            if read_committed
-                            else partition_log.high_watermark
-                        )
-                        if version < 4:
-                            self._check_down_conversion(name, version)
+                    elif version < 4:
+                        self._check_down_conversion(name, version)
                     data.high_watermark = partition_log.high_watermark
                     data.last_stable_offset = partition_log.last_stable_offset
                     data.log_start_offset = partition_log.log_start_offset
-                    if (
-                        not partition.is_leader
-                        and epoch < 0
-                        and wanted.fetch_offset > partition_log.log_end_offset
-                    ):
-                        # A follower behind a consumer that sent no leader epoch, so may be
-                        # here on stale metadata: no records, not an out of range that its
-                        # reset policy would act on (as Kafka answers).
-                        data.records = b""
-                        partitions.append(data)
-                        continue
+                    if replica < 0:
+                        upper = data.last_stable_offset if read_committed else data.high_watermark
+                        preferred = self._preferred_read_replica(
+                            request, version, partition, wanted.fetch_offset, now
+                        )
+                        if preferred is not None:
+                            data.preferred_read_replica = preferred
+                        # No records when the consumer should read elsewhere, or reads a
+                        # follower past its end without a leader epoch, so maybe on stale
+                        # metadata: not an out of range its reset policy would act on (as
+                        # Kafka answers).
+                        if preferred is not None or (
+                            not partition.is_leader
+                            and epoch < 0
+                            and wanted.fetch_offset > partition_log.log_end_offset
+                        ):
+                            data.records = b""
+                            partitions.append(data)
+                            continue
                     budget = max(min(wanted.partition_max_bytes, max_bytes - total), 0)
                     # KIP-74 (Fetch v3+): the first partition's first batch goes even past
                     # the limits; before v3 the limits hold.
@@ -838,19 +829,12 @@ class KafkaApis:
         return _FetchRead(topics, total, failed, remote, throttled)
 
     def _preferred_read_replica(
-        self,
-        request: Any,
-        version: int,
-        replica: int,
-        partition: Partition,
-        fetch_offset: int,
-        now: int,
+        self, request: Any, version: int, partition: Partition, fetch_offset: int, now: int
     ) -> int | None:
         """The follower a consumer's Fetch (v11+, with its client.rack) should go to instead
         of this leader, under a rack-aware replica.selector.class; None: read here."""
         if (
-            replica >= 0
-            or version < 11
+            version < 11
             or not request.rack_id
             or not partition.is_leader
             or self.settings.replica_selector_class != RACK_AWARE_SELECTOR
