@@ -25,27 +25,15 @@ from services.consensus.zab.messages import (
     Notification,
     Proposal,
 )
-from tests.consensus.zab_sim import SimConfig, Simulation
+from tests.consensus.zab_sim import CALM, SimConfig, Simulation, established
 
-CALM = SimConfig(
-    observers=2,
-    drop_prob=0.0,
-    crash_prob=0.0,
-    restart_prob=0.0,
-    partition_prob=0.0,
-    heal_prob=0.0,
-    propose_prob=0.0,
-)
+OBSERVED = replace(CALM, observers=2)
 VOTERS = (1, 2, 3)
 OBSERVERS = (4, 5)
 
 
-def _established(seed: int, config: SimConfig = CALM) -> tuple[Simulation, int]:
-    sim = Simulation(seed, config)
-    sim.run_until(lambda: sim.leader() is not None, max_ticks=300)
-    lead = sim.leader()
-    assert lead is not None
-    return sim, lead
+def _established(seed: int, config: SimConfig = OBSERVED) -> tuple[Simulation, int]:
+    return established(seed, config)
 
 
 def _record_sends(sim: Simulation) -> list[tuple[int, int, Message]]:
@@ -151,7 +139,7 @@ def test_observers_make_no_quorum() -> None:
 @pytest.mark.parametrize("quorum", ["majority", "all"])
 def test_quorum_all_counts_only_voters(quorum: str) -> None:
     """quorum "all": every voter acks each proposal, observers down or not."""
-    config = replace(CALM, quorum=quorum)  # type: ignore[arg-type]
+    config = replace(OBSERVED, quorum=quorum)  # type: ignore[arg-type]
     sim, lead = _established(6, config)
     sim.crash(4)
     assert isinstance(sim.propose(lead), Accepted)
@@ -177,7 +165,7 @@ def test_an_observer_syncs_whatever_epoch_it_promised() -> None:
     syncs with the epoch-1 leadership of the voters (a voter would refuse it), and its
     promise does not push the voters' epoch."""
     initial = {4: PersistedState(HardState(9, 2, 0))}
-    sim = Simulation(7, CALM, initial)
+    sim = Simulation(7, OBSERVED, initial)
     sim.run_until(lambda: sim.leader() is not None, max_ticks=300)
     assert all(sim.node(i).epoch == 1 for i in sim.ids)
     assert sim.node(4).role == ServerState.OBSERVING

@@ -10,24 +10,7 @@ from dataclasses import replace
 import pytest
 
 from services.consensus.zab import Accepted, Membership, ServerState
-from tests.consensus.zab_sim import Disk, SimConfig, Simulation
-
-CALM = SimConfig(
-    drop_prob=0.0,
-    crash_prob=0.0,
-    restart_prob=0.0,
-    partition_prob=0.0,
-    heal_prob=0.0,
-    propose_prob=0.0,
-)
-
-
-def _established(seed: int, config: SimConfig) -> tuple[Simulation, int]:
-    sim = Simulation(seed, config)
-    sim.run_until(lambda: sim.leader() is not None, max_ticks=300)
-    lead = sim.leader()
-    assert lead is not None
-    return sim, lead
+from tests.consensus.zab_sim import CALM, Disk, Simulation, established
 
 
 def _writes(sim: Simulation, ticks: int) -> None:
@@ -44,7 +27,7 @@ def _active_everywhere(sim: Simulation, voters: tuple[int, ...]) -> bool:
 
 
 def test_grow_three_to_five_under_writes() -> None:
-    sim, lead = _established(1, replace(CALM, spares=2))
+    sim, lead = established(1, replace(CALM, spares=2))
     for i in (4, 5):  # started from the three-voter file: they follow without a vote
         node = sim.node(i)
         assert (node.role, node.is_voter) == (ServerState.FOLLOWING, False)
@@ -70,7 +53,7 @@ def test_grow_three_to_five_under_writes() -> None:
 
 
 def test_shrink_five_to_three_under_writes() -> None:
-    sim, lead = _established(2, replace(CALM, nodes=5))
+    sim, lead = established(2, replace(CALM, nodes=5))
     keep = sorted([lead, *[i for i in sim.ids if i != lead][:2]])
     gone = [i for i in sim.ids if i not in keep]
     _writes(sim, 10)
@@ -89,7 +72,7 @@ def test_shrink_five_to_three_under_writes() -> None:
 
 
 def test_the_leader_removes_itself() -> None:
-    sim, lead = _established(3, replace(CALM, spares=1))
+    sim, lead = established(3, replace(CALM, spares=1))
     voters = [i for i in sim.ids if i != lead]  # the other two voters and the spare
     epoch = sim.node(lead).epoch
     _writes(sim, 5)
@@ -115,7 +98,7 @@ def test_a_new_configuration_needs_a_quorum_of_the_new_voters_too() -> None:
     and the two outsiders (three of those four must ack), and the outsiders fail before
     they ack: the old voters' acks alone commit neither it nor anything after it, and no
     follower infers a commit past it. One outsider back, it commits."""
-    sim, lead = _established(4, replace(CALM, spares=2))
+    sim, lead = established(4, replace(CALM, spares=2))
     others = [i for i in (1, 2, 3) if i != lead]
     voters = sorted([lead, others[0], 4, 5])  # needs 3 of 4: one of 4 and 5
     _writes(sim, 5)
@@ -140,7 +123,7 @@ def test_a_new_configuration_needs_a_quorum_of_the_new_voters_too() -> None:
 def _race(seed: int) -> tuple[Membership, Membership]:
     """Propose {1..5} from three voters, crash the leader 0 to 6 ticks later, heal: the
     configuration every node ends in (finish() demands there is one), and the new one."""
-    sim, lead = _established(seed, replace(CALM, spares=2))
+    sim, lead = established(seed, replace(CALM, spares=2))
     _writes(sim, 5)
     result = sim.reconfigure(lead, [1, 2, 3, 4, 5], [])
     assert isinstance(result, Accepted) and result.zxid is not None
@@ -165,7 +148,7 @@ def test_racing_crashes_end_both_ways() -> None:
 
 
 def test_a_member_started_from_a_stale_file_learns_the_configuration() -> None:
-    sim, lead = _established(5, replace(CALM, spares=2))
+    sim, lead = established(5, replace(CALM, spares=2))
     assert isinstance(sim.reconfigure(lead, [1, 2, 3, 4, 5], []), Accepted)
     _writes(sim, 30)
     assert _active_everywhere(sim, (1, 2, 3, 4, 5))
@@ -182,7 +165,7 @@ def test_a_member_started_from_a_stale_file_learns_the_configuration() -> None:
 
 
 def test_a_voter_becomes_an_observer() -> None:
-    sim, lead = _established(6, replace(CALM, spares=1))
+    sim, lead = established(6, replace(CALM, spares=1))
     demoted = next(i for i in (1, 2, 3) if i != lead)
     voters = sorted(i for i in sim.ids if i != demoted)
     assert isinstance(sim.reconfigure(lead, voters, [demoted]), Accepted)

@@ -29,16 +29,7 @@ from services.consensus.zab import (
 )
 from services.consensus.zab.messages import Commit, FollowerInfo, Message, NewEpoch
 from services.consensus.zab.sync import common_prefix, epoch_ends
-from tests.consensus.zab_sim import SimConfig, Simulation, run_seed
-
-CALM = SimConfig(
-    drop_prob=0.0,
-    crash_prob=0.0,
-    restart_prob=0.0,
-    partition_prob=0.0,
-    heal_prob=0.0,
-    propose_prob=0.0,
-)
+from tests.consensus.zab_sim import CALM, SimConfig, Simulation, run_seed
 
 
 def _log(*zxids: int) -> tuple[LogEntry, ...]:

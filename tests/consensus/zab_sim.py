@@ -79,6 +79,17 @@ class SimConfig:
     reconfig_prob: float = 0.0  # per tick: the leader proposes a new configuration
 
 
+# No faults and no client writes of its own: a test drives every event it cares about.
+CALM = SimConfig(
+    drop_prob=0.0,
+    crash_prob=0.0,
+    restart_prob=0.0,
+    partition_prob=0.0,
+    heal_prob=0.0,
+    propose_prob=0.0,
+)
+
+
 CONFIG_PREFIX = b"config:"
 
 
@@ -560,3 +571,12 @@ def run_seed(seed: int, config: SimConfig | None = None) -> Simulation:
     sim.run()
     sim.finish()
     return sim
+
+
+def established(seed: int, config: SimConfig) -> tuple[Simulation, int]:
+    """A simulation of `config` run until it has a leader; the leader's id."""
+    sim = Simulation(seed, config)
+    sim.run_until(lambda: sim.leader() is not None, max_ticks=300)
+    lead = sim.leader()
+    assert lead is not None
+    return sim, lead
