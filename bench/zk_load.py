@@ -54,12 +54,12 @@ from services.consensus.jute import (
     Id,
     JuteError,
     PathWatchRequest,
+    ReconfigRequest,
     ReplyHeader,
     RequestHeader,
     SetDataRequest,
     Stat,
     StatResponse,
-    Writer,
     decode_connect_request,
     decode_connect_response,
     decode_response,
@@ -126,17 +126,10 @@ def create_frame(path: str, data: bytes) -> bytes:
 
 
 def reconfig_frame(joining: str | None, leaving: str | None, config_id: int = -1) -> bytes:
-    """An incremental ReconfigRequest (jute: ustring joiningServers, leavingServers,
-    newMembers; long curConfigId), newMembers null; config_id -1 skips the version check.
-    Written here, not with the codec's ReconfigRequest: that one writes an absent string
-    as "" where clients send null, and ZooKeeper takes a non-null newMembers for a
-    non-incremental reconfig."""
-    w = Writer()
-    RequestHeader(0, OpCode.RECONFIG).write(w)
-    for servers in (joining, leaving, None):
-        w.write_buffer(None if servers is None else servers.encode())
-    w.write_long(config_id)
-    return encode_frame(w.getvalue())
+    """An incremental ReconfigRequest (newMembers absent, so null on the wire); config_id -1
+    skips the version check."""
+    body = ReconfigRequest(joining or "", leaving or "", "", config_id)
+    return request_frame(OpCode.RECONFIG, body)
 
 
 def auth_frame(scheme: str, auth: bytes) -> bytes:
