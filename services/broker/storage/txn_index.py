@@ -39,7 +39,6 @@ class AbortedTxnIndex:
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
         self.entries: list[AbortedTxn] = []
-        self._lasts: list[int] = []  # last_offset of each entry, for bisection
         self._dirty = False
         try:
             data = self.path.read_bytes()
@@ -51,37 +50,35 @@ class AbortedTxnIndex:
         for at in range(0, len(data) - _ENTRY.size + 1, _ENTRY.size):
             version, *fields = _ENTRY.unpack_from(data, at)
             entry = AbortedTxn(*fields)
-            if version != 0 or (self._lasts and entry.last_offset <= self._lasts[-1]):
+            if version != 0 or (self.entries and entry.last_offset <= self.entries[-1].last_offset):
                 break  # not an entry we wrote: what follows is rebuilt by the replay
             self.entries.append(entry)
-            self._lasts.append(entry.last_offset)
 
     def append(self, entry: AbortedTxn) -> None:
-        assert not self._lasts or entry.last_offset > self._lasts[-1], "markers in order"
+        assert not self.entries or entry.last_offset > self.entries[-1].last_offset, "in order"
         try:
             with self.path.open("ab") as file:
                 file.write(_ENTRY.pack(0, *entry))
         except OSError as exc:
             raise StorageError(f"cannot append to {self.path}: {exc}") from exc
         self.entries.append(entry)
-        self._lasts.append(entry.last_offset)
         self._dirty = True
 
     def collect(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
         """The aborted transactions a read of [fetch_offset, upper_offset) may hold records
         of: aborted at or after fetch_offset, started before upper_offset."""
-        start = bisect.bisect_left(self._lasts, fetch_offset)
+        start = self._first_ending_at_or_after(fetch_offset)
         return [e for e in self.entries[start:] if e.first_offset < upper_offset]
 
     def truncate_to(self, offset: int) -> None:
         """Drop the entries of markers at or above `offset`."""
-        keep = bisect.bisect_left(self._lasts, offset)
+        keep = self._first_ending_at_or_after(offset)
         if keep < len(self.entries):
             self._rewrite(self.entries[:keep])
 
     def drop_below(self, offset: int) -> None:
         """Drop the entries of transactions wholly below `offset` (the new log start)."""
-        drop = bisect.bisect_left(self._lasts, offset)
+        drop = self._first_ending_at_or_after(offset)
         if drop:
             self._rewrite(self.entries[drop:])
 
@@ -103,6 +100,10 @@ class AbortedTxnIndex:
             raise StorageError(f"cannot fsync {self.path}: {exc}") from exc
         self._dirty = False
 
+    def _first_ending_at_or_after(self, offset: int) -> int:
+        """The index of the first entry whose marker is at or above `offset`."""
+        return bisect.bisect_left(self.entries, offset, key=lambda e: e.last_offset)
+
     def _rewrite(self, entries: list[AbortedTxn]) -> None:
         try:
             if entries:
@@ -112,5 +113,4 @@ class AbortedTxnIndex:
         except OSError as exc:
             raise StorageError(f"cannot rewrite {self.path}: {exc}") from exc
         self.entries = list(entries)
-        self._lasts = [e.last_offset for e in entries]
         self._dirty = False
