@@ -19,6 +19,7 @@ after it. ProducerStateManager does no I/O; ProducerSnapshotFiles owns the files
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import struct
 from bisect import insort
@@ -241,9 +242,12 @@ class ProducerStateManager:
         may lead: one still open, or ended by a marker at or above the high watermark.
         The last stable offset is this or the high watermark, whichever is lower."""
         self.forget_replicated(high_watermark)
-        firsts = [first for first, _ in self._unreplicated]
-        firsts.extend(self._open_txns.values())
-        return min(firsts) if firsts else None
+        if not self._unreplicated and not self._open_txns:
+            return None  # every fetch asks: no transactions, no work
+        firsts = itertools.chain(
+            (first for first, _ in self._unreplicated), self._open_txns.values()
+        )
+        return min(firsts)
 
     # Followers and recovery --------------------------------------------------------------
 
