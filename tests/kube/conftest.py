@@ -50,9 +50,11 @@ VALUES = {
 
 @pytest.fixture(scope="session")
 def cluster(images: None) -> Iterator[Node]:  # noqa: F811
-    root = Path(tempfile.mkdtemp(prefix="directlog-kube-"))
-    with FakeApiServer(root / "api-server") as api:
-        node = Node(template(VALUES), root, api=api)
+    with (
+        tempfile.TemporaryDirectory(prefix="directlog-kube-", ignore_cleanup_errors=True) as name,
+        FakeApiServer(Path(name) / "api-server") as api,
+    ):
+        node = Node(template(VALUES), Path(name), api=api)
         try:
             node.install(INSTALL_TIMEOUT)
             yield node
