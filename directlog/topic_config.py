@@ -447,16 +447,31 @@ TOPIC_ONLY_CONFIGS = frozenset(
     {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
 )
 BROKER_DEFAULT_NAMES = CONFIG_NAMES - TOPIC_ONLY_CONFIGS  # the ones with a cluster default
-# Topic configs whose cluster-wide default a Kafka broker names as the topic config itself
-# (ServerTopicConfigSynonyms' sameName ones); every other one's is log.<name> here.
-_SAME_NAME_DEFAULTS = frozenset(
-    {"compression.type", "min.insync.replicas", "unclean.leader.election.enable"}
-)
+# The broker config holding a topic config's cluster-wide default where Kafka names it other
+# than log.<topic config> (ServerTopicConfigSynonyms, the first synonym of each: the one
+# Kafka lets a dynamic default set; its hours and minutes variants are static only).
+_BROKER_SYNONYMS = {
+    "compression.type": "compression.type",
+    "min.insync.replicas": "min.insync.replicas",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "max.message.bytes": "message.max.bytes",
+    "segment.ms": "log.roll.ms",
+    "segment.jitter.ms": "log.roll.jitter.ms",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+}
 
 
 def default_name(name: str) -> str:
-    """The broker config holding topic config ``name``'s cluster-wide default."""
-    return name if name in _SAME_NAME_DEFAULTS else "log." + name
+    """The broker config holding topic config ``name``'s cluster-wide default, as a Kafka
+    broker names it."""
+    return _BROKER_SYNONYMS.get(name, "log." + name)
 
 
 # Broker config name -> the topic config whose cluster-wide default it holds.

@@ -299,10 +299,15 @@ def test_each_config_has_kafkas_type():
     assert types["cleanup.policy"] == types["leader.replication.throttled.replicas"] == 7
 
 
-def test_cluster_wide_defaults_go_by_kafkas_broker_names_where_they_lack_the_prefix():
+def test_cluster_wide_defaults_go_by_kafkas_broker_names():
     assert default_name("compression.type") == "compression.type"
     assert default_name("min.insync.replicas") == "min.insync.replicas"
     assert default_name("unclean.leader.election.enable") == "unclean.leader.election.enable"
     assert default_name("retention.ms") == "log.retention.ms"
-    assert default_name("segment.jitter.ms") == "log.segment.jitter.ms"
+    assert default_name("segment.ms") == "log.roll.ms"
+    assert default_name("segment.jitter.ms") == "log.roll.jitter.ms"
+    assert default_name("max.message.bytes") == "message.max.bytes"
+    assert default_name("min.cleanable.dirty.ratio") == "log.cleaner.min.cleanable.ratio"
+    assert default_name("delete.retention.ms") == "log.cleaner.delete.retention.ms"
+    assert default_name("file.delete.delay.ms") == "log.segment.delete.delay.ms"
     assert sorted(DEFAULT_NAMES.values()) == sorted(BROKER_DEFAULT_NAMES)

@@ -232,7 +232,7 @@ def test_a_retention_default_reaches_topics_without_an_override(cluster, admin, 
     # validate_only changes nothing; the legacy AlterConfigs replaces the defaults whole.
     assert alter_defaults(bootstrap, {"log.retention.ms": "1000"}, validate_only=True) == OK
     assert source(admin, ResourceType.TOPIC, plain, "retention.ms")[0] == "3600000"
-    assert replace_defaults(bootstrap, {"log.segment.ms": "600000"}) == OK
+    assert replace_defaults(bootstrap, {"log.roll.ms": "600000"}) == OK
     assert source(admin, ResourceType.TOPIC, plain, "retention.ms") == ("604800000", DEFAULT, True)
     assert source(admin, ResourceType.TOPIC, plain, "segment.ms")[:2] == ("600000", DYNAMIC_DEFAULT)
 
@@ -248,9 +248,9 @@ def test_bad_defaults_are_refused(cluster, admin):
     code, _ = alter_defaults(bootstrap, {"log.remote.storage.enable": "true"})
     assert code == ErrorCode.INVALID_CONFIG
     # A failed change leaves the others of the same resource undone too.
-    code, _ = alter_defaults(bootstrap, {"log.segment.ms": "600000", "log.retention.ms": "-5"})
+    code, _ = alter_defaults(bootstrap, {"log.roll.ms": "600000", "log.retention.ms": "-5"})
     assert code == ErrorCode.INVALID_CONFIG
-    assert describe_default(bootstrap, "log.segment.ms")[1] == DEFAULT
+    assert describe_default(bootstrap, "log.roll.ms")[1] == DEFAULT
 
     # Per-broker dynamic configs are not supported, only the default entity.
     change = ConfigEntry("log.retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
@@ -282,7 +282,7 @@ def test_the_defaults_outlive_the_active_controller(cluster, admin, clients):
         first = active_controller(cluster)
         stop(first)
         # The broker answers REQUEST_TIMED_OUT until the other controller has taken over.
-        change = {"log.segment.ms": segment_ms}
+        change = {"log.roll.ms": segment_ms}
         wait_for(
             lambda: alter_defaults(bootstrap, change) == OK,  # noqa: B023
             60,

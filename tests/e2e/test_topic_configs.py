@@ -363,7 +363,7 @@ def test_a_broker_describes_its_static_configs_with_their_source(module_broker, 
         "STATIC_BROKER_CONFIG",
         "DEFAULT_CONFIG",
     )
-    assert described["log.segment.jitter.ms"]["value"] == "0"
+    assert described["log.roll.jitter.ms"]["value"] == "0"
 
 
 def raw_describe(bootstrap: str, resources: list[tuple[int, str]]) -> list[Any]:
