@@ -47,6 +47,7 @@ STATIC_CONFIGS = {
     "group.max.size": "group_max_size",
     "remote.log.storage.system.enable": "remote_log_storage_system_enable",
     "connections.max.reauth.ms": "connections_max_reauth_ms",
+    "transaction.partition.verification.enable": "transaction_partition_verification_enable",
 }
 # Other Kafka configs no dynamic update may touch (DynamicConfig.Broker.nonDynamicProps).
 _OTHER_STATIC = frozenset(

@@ -241,13 +241,13 @@ APIS: dict[int, Api] = {
         Api(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse, 0, 6),
         Api(ApiKey.DELETE_RECORDS, DeleteRecordsRequest, DeleteRecordsResponse, 0, 2),
         Api(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
-        # AddPartitionsToTxn v4+ is brokers' verification (KIP-890), not served.
+        # v4 is what brokers send each other (KIP-890's verification, batched transactions).
         Api(
             ApiKey.ADD_PARTITIONS_TO_TXN,
             AddPartitionsToTxnRequest,
             AddPartitionsToTxnResponse,
             0,
-            3,
+            4,
         ),
         Api(ApiKey.ADD_OFFSETS_TO_TXN, AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3),
         Api(ApiKey.END_TXN, EndTxnRequest, EndTxnResponse, 0, 3),

@@ -40,6 +40,7 @@ from directlog.records.batch import (
     NO_TIMESTAMP,
     Record,
     build_batch,
+    read_header,
 )
 from directlog.records.errors import RecordError
 from directlog.records.legacy import decode_message_set
@@ -110,6 +111,7 @@ from services.broker.transactions.coordinator import TransactionCoordinator, Tra
 from services.broker.transactions.marker_writer import MarkerWriter
 from services.broker.transactions.metadata import TxnState
 from services.broker.transactions.state_topic import TRANSACTION_STATE_TOPIC
+from services.broker.transactions.verification import TransactionVerifier, produce_refusal
 
 log = logging.getLogger(__name__)
 # Kafka's Topic.isInternal: flagged so in Metadata, written only by their coordinators.
@@ -246,6 +248,13 @@ class KafkaApis:
             producer_ids,
             self.markers,
         )
+        self.verifier = (
+            TransactionVerifier(
+                settings.node_id, image, self.transactions, replicas.fetch_settings.security
+            )
+            if settings.transaction_partition_verification_enable
+            else None
+        )
         self.rdma: RdmaProduce | None = None  # set when rdma_produce is on
         self.rdma_reads: RdmaConsume | None = None  # set when rdma_consume is on
         self.rdma_replication: RdmaReplication | None = None  # set when rdma_replication is on
@@ -358,6 +367,7 @@ class KafkaApis:
         replicating: list[list[_Replicating]] = []
         appends: dict[Partition, list[_Append]] = {}
         access = self.access
+        unverified = await self._verify_transactions(requests) if self.verifier else {}
         for header, request in requests:
             acks = request.acks
             results = []
@@ -384,6 +394,12 @@ class KafkaApis:
                         if refused:
                             raise denied(Operation.WRITE, TOPIC, topic.name)
                         partition, records = self._producible(header, acks, topic.name, data)
+                        if unverified and request.transactional_id is not None:
+                            refusal = unverified.get(
+                                (request.transactional_id, topic.name, data.index)
+                            )
+                            if refusal is not None:
+                                raise refusal
                         pending = _Append(
                             result, records, topic.name, waits if acks == -1 else None
                         )
@@ -436,6 +452,45 @@ class KafkaApis:
             else:
                 responses.append([encode_produce_response(header.api_version, results, throttle)])
         return responses
+
+    async def _verify_transactions(
+        self, requests: list[tuple[RequestHeader, ProduceRequest]]
+    ) -> dict[tuple[str, str, int], KafkaError]:
+        """KIP-890: ask the coordinators about each partition that is to take the first
+        batch of a producer's transaction here (services/broker/transactions/verification.py);
+        the refusals, by transactional id, topic and partition."""
+        assert self.verifier is not None
+        asks: dict[tuple[str, int, int], set[tuple[str, int]]] = {}
+        for _, request in requests:
+            transactional_id = request.transactional_id
+            if transactional_id is None:
+                continue
+            for topic in request.topic_data:
+                for data in topic.partition_data:
+                    producer = _transactional_producer(data.records)
+                    if producer is None:
+                        continue
+                    try:
+                        partition = self.replicas.leader_partition(topic.name, data.index)
+                    except KafkaError:
+                        continue  # the produce itself answers that
+                    if not partition.log.producers.has_open_transaction(producer[0]):
+                        asks.setdefault((transactional_id, *producer), set()).add(
+                            (topic.name, data.index)
+                        )
+        if not asks:
+            return {}
+        verifier = self.verifier
+        answers = await asyncio.gather(
+            *(verifier.verify(*ask, partitions) for ask, partitions in asks.items())
+        )
+        refusals: dict[tuple[str, str, int], KafkaError] = {}
+        for (transactional_id, _, _), verdicts in zip(asks, answers, strict=True):
+            for (topic_name, index), code in verdicts.items():
+                refusal = produce_refusal(code)
+                if refusal is not None:
+                    refusals[(transactional_id, topic_name, index)] = refusal
+        return refusals
 
     def _produce_throttle(
         self, header: RequestHeader, request: ProduceRequest, seconds: float
@@ -1380,17 +1435,67 @@ class KafkaApis:
         )
 
     async def add_partitions_to_txn(self, request: Any, header: RequestHeader) -> Response:
-        """The partitions join the producer's open transaction (v0-3: a client's request).
-        Every partition of the request gets the one outcome, as in Kafka: the coordinator's
-        code, or for a partition that does not exist UNKNOWN_TOPIC_OR_PARTITION and for
-        the others OPERATION_NOT_ATTEMPTED."""
+        """The partitions join the producer's open transaction: v0-3 a client's request,
+        one transaction; v4 (Kafka 3.7's brokers, CLUSTER_ACTION) several, each to join or,
+        with verify_only, to be checked (KIP-890: services/broker/transactions/verification.py).
+        Every partition of a transaction gets the one outcome, as in Kafka: the
+        coordinator's code, or for a partition that does not exist
+        UNKNOWN_TOPIC_OR_PARTITION and for the others OPERATION_NOT_ATTEMPTED."""
         response = APIS[ApiKey.ADD_PARTITIONS_TO_TXN].response
-        topic_type = response.AddPartitionsToTxnTopicResult
-        partition_type = topic_type.AddPartitionsToTxnPartitionResult
-        transactional_id = request.v3_and_below_transactional_id
-        wanted = {(t.name, p) for t in request.v3_and_below_topics for p in t.partitions}
+        version = header.api_version
+        if version < 4:
+            codes = await self._add_partitions(
+                request.v3_and_below_transactional_id,
+                request.v3_and_below_producer_id,
+                request.v3_and_below_producer_epoch,
+                {(t.name, p) for t in request.v3_and_below_topics for p in t.partitions},
+                version,
+            )
+            return response(
+                throttle_time_ms=0, results_by_topic_v3_and_below=_txn_partition_results(codes)
+            )
+        if self.access is not None and not self.access.allowed_on_cluster(Operation.CLUSTER_ACTION):
+            self.metrics.request_error(
+                "add_partitions_to_txn", ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            )
+            return response(
+                throttle_time_ms=0,
+                error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                results_by_transaction=[],
+            )
+        result_type = response.AddPartitionsToTxnResult
+        results = []
+        for txn in request.transactions:
+            codes = await self._add_partitions(
+                txn.transactional_id,
+                txn.producer_id,
+                txn.producer_epoch,
+                {(t.name, p) for t in txn.topics for p in t.partitions},
+                version,
+                verify_only=txn.verify_only,
+            )
+            results.append(
+                result_type(
+                    transactional_id=txn.transactional_id,
+                    topic_results=_txn_partition_results(codes),
+                )
+            )
+        return response(throttle_time_ms=0, error_code=0, results_by_transaction=results)
+
+    async def _add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        wanted: set[tuple[str, int]],
+        version: int,
+        *,
+        verify_only: bool = False,
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """One transaction's partitions added (or verified): the code of each. A client's
+        request (v0-3) needs WRITE on the transactional id and on each topic."""
         codes: dict[tuple[str, int], ErrorCode] = {}
-        access = self.access
+        access = self.access if version < 4 else None
         refused_topics = (
             set()
             if access is None
@@ -1417,33 +1522,24 @@ class KafkaApis:
             }
             if bad:
                 codes = {tp: bad.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted}
+            elif verify_only:
+                codes = self.transactions.verify_partitions(
+                    transactional_id, producer_id, producer_epoch, wanted
+                )
             else:
                 code = ErrorCode.NONE
                 try:
                     await self.transactions.add_partitions(
-                        transactional_id,
-                        request.v3_and_below_producer_id,
-                        request.v3_and_below_producer_epoch,
-                        wanted,
+                        transactional_id, producer_id, producer_epoch, wanted
                     )
                 except KafkaError as error:
-                    code = _fenced_as(error.code, header.api_version < 2)
+                    code = _fenced_as(error.code, version < 2)
                     log.info("add_partitions_to_txn: %s", error)
                 codes = dict.fromkeys(wanted, code)
         for code in set(codes.values()):
             if code is not ErrorCode.NONE:
                 self.metrics.request_error("add_partitions_to_txn", code)
-        by_topic: dict[str, list[Any]] = {}
-        for (topic, index), code in sorted(codes.items()):
-            by_topic.setdefault(topic, []).append(
-                partition_type(partition_index=index, partition_error_code=code)
-            )
-        return response(
-            throttle_time_ms=0,
-            results_by_topic_v3_and_below=[
-                topic_type(name=t, results_by_partition=p) for t, p in by_topic.items()
-            ],
-        )
+        return codes
 
     async def add_offsets_to_txn(self, request: Any, header: RequestHeader) -> Response:
         """The group's `__consumer_offsets` partition joins the producer's open transaction,
@@ -2521,6 +2617,33 @@ def _replica_id(request: Any, version: int) -> int:
         state = request.replica_state
         return int(state.replica_id) if state is not None else -1
     return int(request.replica_id)
+
+
+def _txn_partition_results(codes: dict[tuple[str, int], ErrorCode]) -> list[Any]:
+    """AddPartitionsToTxn's per-topic results of one transaction."""
+    topic_type = APIS[ApiKey.ADD_PARTITIONS_TO_TXN].response.AddPartitionsToTxnTopicResult
+    partition_type = topic_type.AddPartitionsToTxnPartitionResult
+    by_topic: dict[str, list[Any]] = {}
+    for (topic, index), code in sorted(codes.items()):
+        by_topic.setdefault(topic, []).append(
+            partition_type(partition_index=index, partition_error_code=code)
+        )
+    return [topic_type(name=t, results_by_partition=p) for t, p in by_topic.items()]
+
+
+def _transactional_producer(records: Buffer | None) -> tuple[int, int] | None:
+    """The producer id and epoch of a produced partition's first batch when it is
+    transactional (a transaction's batches all are), else None; malformed records are
+    left to the append to refuse."""
+    if records is None or len(records) <= 16 or records[16] != MAGIC:
+        return None
+    try:
+        header = read_header(records, 0)
+    except Exception:
+        return None
+    if not header.is_transactional:
+        return None
+    return header.producer_id, header.producer_epoch
 
 
 def _up_convert(message_set: bytes) -> bytes:

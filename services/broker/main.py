@@ -239,6 +239,8 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
         compaction.cancel()
         await coordinator.close()
         await apis.transactions.close()
+        if apis.verifier is not None:
+            await apis.verifier.close()
         await exporter.close()
         await producer_ids.close()
         await link.close(fence=handed_over)

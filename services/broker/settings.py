@@ -162,6 +162,9 @@ class BrokerSettings(ServiceSettings):
     # An idle transactional id is removed (a tombstone) after this long.
     transactional_id_expiration_ms: int = Field(7 * 24 * 3600 * 1000, ge=1)
     transaction_remove_expired_transaction_cleanup_interval_ms: int = Field(3600000, ge=1)
+    # KIP-890: a partition's leader asks the coordinator before it takes the first batch of a
+    # producer's transaction (services/broker/transactions/verification.py).
+    transaction_partition_verification_enable: bool = True
     # How long a transaction marker waits for its partition's ISR before it is retried.
     transaction_marker_timeout_ms: int = Field(30000, ge=1)
     # Idempotent producers: state of a producer id unseen this long is dropped.

@@ -46,23 +46,30 @@ def recent_base_timestamp() -> int:
     return int(time.time() * 1000) - 3_600_000
 
 
-def produce_raw(bootstrap: str, topic: str, batch: bytes) -> tuple[ErrorCode, int]:
-    """One acks=all Produce v9 of `batch` to partition 0 of `topic` at `bootstrap`, whatever
-    its metadata says: (the partition's error code, base offset)."""
+def produce_raw(
+    bootstrap: str,
+    topic: str,
+    batch: bytes,
+    *,
+    partition: int = 0,
+    transactional_id: str | None = None,
+) -> tuple[ErrorCode, int]:
+    """One acks=all Produce v9 of `batch` to `partition` of `topic` at `bootstrap`,
+    whatever its metadata says: (the partition's error code, base offset)."""
 
     async def produce() -> tuple[int, int]:
         host, port = bootstrap.rsplit(":", 1)
         connection = await KafkaConnection.connect(host, int(port), timeout=10)
         try:
-            partition = ProduceRequest.TopicProduceData.PartitionProduceData
+            data = ProduceRequest.TopicProduceData.PartitionProduceData
             request = ProduceRequest(
                 version=9,
-                transactional_id=None,
+                transactional_id=transactional_id,
                 acks=-1,
                 timeout_ms=5000,
                 topic_data=[
                     ProduceRequest.TopicProduceData(
-                        name=topic, partition_data=[partition(index=0, records=batch)]
+                        name=topic, partition_data=[data(index=partition, records=batch)]
                     )
                 ],
             )

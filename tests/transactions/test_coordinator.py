@@ -333,3 +333,39 @@ def test_an_idle_transactional_id_expires_with_a_tombstone(tmp_path: Path) -> No
         assert idle != 2000 and recent != 2000
 
     asyncio.run(run())
+
+
+def test_partitions_are_verified_against_the_open_transaction(tmp_path: Path) -> None:
+    """KIP-890's question from a partition's leader, in each state of the id."""
+
+    async def run() -> None:
+        markers = Markers()
+        markers.failing = {("a", 0)}  # keeps the commit prepared until cleared
+        coordinator = await loaded(leading(tmp_path), ProducerIds(), markers)
+        pid, epoch = await coordinator.init_producer_id("tx", 30_000, None)
+        both = {("a", 0), ("b", 0)}
+
+        def verify(producer_id: int = pid, producer_epoch: int = epoch) -> set[ErrorCode]:
+            return set(
+                coordinator.verify_partitions("tx", producer_id, producer_epoch, both).values()
+            )
+
+        assert verify() == {ErrorCode.INVALID_TXN_STATE}  # nothing open yet
+        await coordinator.add_partitions("tx", pid, epoch, {("a", 0)})
+        assert coordinator.verify_partitions("tx", pid, epoch, both) == {
+            ("a", 0): ErrorCode.NONE,
+            ("b", 0): ErrorCode.INVALID_TXN_STATE,
+        }
+        assert verify(producer_epoch=epoch - 1) == {ErrorCode.PRODUCER_FENCED}
+        assert verify(producer_id=pid + 1) == {ErrorCode.INVALID_PRODUCER_ID_MAPPING}
+        assert set(coordinator.verify_partitions("other", pid, epoch, both).values()) == {
+            ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        }
+        await coordinator.end_txn("tx", pid, epoch, True)
+        assert verify() == {ErrorCode.CONCURRENT_TRANSACTIONS}  # markers going out
+        markers.failing.clear()
+        assert await settled(coordinator, "tx") is TxnState.COMPLETE_COMMIT
+        assert verify() == {ErrorCode.INVALID_TXN_STATE}  # ended: a late batch is refused
+        await coordinator.close()
+
+    asyncio.run(run())

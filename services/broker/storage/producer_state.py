@@ -237,6 +237,11 @@ class ProducerStateManager:
         while self._unreplicated and self._unreplicated[0][1] < high_watermark:
             self._unreplicated.popleft()
 
+    def has_open_transaction(self, producer_id: int) -> bool:
+        """Whether the producer's transaction is open here (KIP-890: its next batches need
+        no verification by the coordinator)."""
+        return producer_id in self._open_txns
+
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         """The first offset of a transaction not yet known decided by every replica that
         may lead: one still open, or ended by a marker at or above the high watermark.

@@ -232,6 +232,35 @@ class TransactionCoordinator(InternalTopicCoordinator[list[Keyed]]):
         if target is not None:
             await self._write(txn, target)
 
+    def verify_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: set[tuple[str, int]],
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """AddPartitionsToTxn v4 with verify_only (KIP-890): whether each partition is in
+        the producer's open transaction — NONE, or INVALID_TXN_STATE — as Kafka 3.7 checks
+        it: every partition gets the error of a wrong id or epoch, of a decided transaction
+        whose markers are going out, or of a coordinator that does not own the id."""
+        try:
+            txn = self._transaction(transactional_id)
+        except KafkaError as error:
+            return dict.fromkeys(partitions, error.code)
+        current = txn.current
+        if current.producer_id != producer_id:
+            code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        elif current.producer_epoch != producer_epoch:
+            code = ErrorCode.PRODUCER_FENCED
+        elif current.state in _PREPARED:
+            code = ErrorCode.CONCURRENT_TRANSACTIONS
+        else:
+            return {
+                tp: ErrorCode.NONE if tp in current.partitions else ErrorCode.INVALID_TXN_STATE
+                for tp in partitions
+            }
+        return dict.fromkeys(partitions, code)
+
     async def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:
