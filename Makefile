@@ -13,6 +13,12 @@ DEBIAN_PACKAGES := python3-venv python3-dev gcc
 # real devices, checked to import here), a Java runtime for the Spark tests' local
 # SparkSession, and Prometheus with promtool for the dashboards' and alert rules' tests.
 TEST_DEBIAN_PACKAGES := kcat iproute2 python3-pyverbs default-jre-headless prometheus
+# KafkaJS, the Node.js client of the transaction tests (tests/e2e/test_kafkajs.py): Debian's
+# Node.js and npm when the host has none, then the version pinned in tests/kafkajs's
+# package-lock.json, installed by `npm ci` into tests/kafkajs/node_modules once per change.
+NODE_DEBIAN_PACKAGES := nodejs npm
+KAFKAJS_DIR   := tests/kafkajs
+KAFKAJS_STAMP := $(KAFKAJS_DIR)/node_modules/.installed
 
 .PHONY: test run monitor lint bench proto clean
 
@@ -37,7 +43,14 @@ directlog/rpc/%_pb2.py: proto/%.proto $(STAMP)
 
 proto: $(GENERATED)
 
-test: $(STAMP) proto
+$(KAFKAJS_STAMP): $(KAFKAJS_DIR)/package.json $(KAFKAJS_DIR)/package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+	  echo "installing $(NODE_DEBIAN_PACKAGES) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NODE_DEBIAN_PACKAGES); }
+	cd $(KAFKAJS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: $(STAMP) proto $(KAFKAJS_STAMP)
 	@command -v kcat >/dev/null && command -v ip >/dev/null && command -v java >/dev/null \
 	  && command -v prometheus >/dev/null && command -v promtool >/dev/null \
 	  && test -d /usr/lib/python3/dist-packages/pyverbs \
@@ -103,6 +116,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
 	find directlog -name '*.so' -delete
 	rm -f directlog/rpc/*_pb2*.py directlog/rpc/*_pb2*.pyi
+	rm -rf $(KAFKAJS_DIR)/node_modules
 
 # ---- Container images (issue 26) ----------------------------------------------------------
 # directlog/{broker,controller,consensus,tiering,spark}:<version>, built offline by
