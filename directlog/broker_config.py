@@ -1,17 +1,24 @@
-"""Kafka's dynamic broker configs that Directlog supports: the replication throttle rates.
+"""Kafka's dynamic broker configs that Directlog supports: the replication throttle rates,
+and one broker's defaults of topic configs.
 
 ``kafka-configs --alter --entity-type brokers --entity-name 1`` and
 ``kafka-reassign-partitions --throttle`` set them with AlterConfigs or
 IncrementalAlterConfigs of the broker resource named with the broker's id;
-``--entity-default`` (the resource "") sets them for every broker without its own. Each is a long
-of bytes per second, at least 0; a broker without one is not throttled (Kafka's default is
-Long.MAX_VALUE). The controller validates and stores them; brokers apply them
-(services/broker/replication_quota.py) and show them in DescribeConfigs.
+``--entity-default`` (the resource "") sets the rates for every broker without its own. Each
+rate is a long of bytes per second, at least 0; a broker without one is not throttled
+(Kafka's default is Long.MAX_VALUE). Brokers apply them (services/broker/replication_quota.py).
+
+A topic config's default under its broker name (``log.retention.ms``, ``message.max.bytes``:
+topic_config.default_name) set on one broker holds for the partitions that broker hosts,
+over the cluster-wide default and under a topic's own override, as in Kafka. The controller
+validates and stores all of them; brokers show them in DescribeConfigs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+
+from directlog.topic_config import DEFAULT_NAMES, InvalidConfigError, LogConfig
 
 # The broker id the cluster-wide dynamic broker configs (Kafka's default entity, the broker
 # resource "": --entity-default) are stored and streamed under; a broker's own override them.
@@ -83,13 +90,22 @@ class InvalidBrokerConfigError(ValueError):
 
 
 def validate_broker_configs(configs: Mapping[str, str]) -> dict[str, str]:
-    """``configs`` as they are to be stored: each one a supported name with a long >= 0,
-    kept as written (Kafka reports a value as it was set)."""
+    """``configs`` as they are to be stored: each one a rate, a long >= 0, or a topic
+    config's default valid as that topic config, kept as written (Kafka reports a value as
+    it was set)."""
     for name, raw in configs.items():
+        if name in DEFAULT_NAMES:
+            try:
+                LogConfig.from_properties({DEFAULT_NAMES[name]: raw})
+            except InvalidConfigError as exc:
+                raise InvalidBrokerConfigError(
+                    f"Invalid value {raw} for configuration {name}: {exc}"
+                ) from None
+            continue
         if name not in BROKER_CONFIG_NAMES:
             raise InvalidBrokerConfigError(
-                f"{name} is not a per-broker dynamic config here: only "
-                f"{', '.join(sorted(BROKER_CONFIG_NAMES))} can be set on one broker"
+                f"{name} is not a per-broker dynamic config here: only the defaults of topic "
+                f"configs and {', '.join(sorted(BROKER_CONFIG_NAMES))} can be set on one broker"
             )
         try:
             value = int(raw.strip())
@@ -104,6 +120,12 @@ def validate_broker_configs(configs: Mapping[str, str]) -> dict[str, str]:
                 else f"Invalid value {raw} for configuration {name}: Not a number of type LONG"
             )
     return dict(configs)
+
+
+def log_overrides(configs: Mapping[str, str]) -> dict[str, str]:
+    """The topic-config defaults among a broker's validated ``configs``, by topic config
+    name (``log.retention.ms`` -> ``retention.ms``)."""
+    return {DEFAULT_NAMES[k]: v for k, v in configs.items() if k in DEFAULT_NAMES}
 
 
 def throttle_rate(configs: Mapping[str, str], name: str) -> int | None:

@@ -24,6 +24,7 @@ from directlog.broker_config import (
     LONG_MAX,
     STATIC_CONFIGS,
     InvalidBrokerConfigError,
+    log_overrides,
     static_refusal,
     validate_broker_configs,
 )
@@ -52,6 +53,7 @@ from directlog.topic_config import (
     BROKER_DEFAULT_NAMES,
     DEFAULT_NAMES,
     LIST_CONFIGS,
+    LogConfig,
     altered_list,
     config_type,
     default_name,
@@ -2205,8 +2207,10 @@ class KafkaApis:
                     f"but received {name}",
                 )
             values = {
-                default_name(k): (v, self._default_source(k))
-                for k, v in self.image.log_defaults.to_properties().items()
+                default_name(k): (v, self._default_source(k, mine=bool(name)))
+                for k, v in (self.image.log_defaults if name else self._cluster_log_defaults())
+                .to_properties()
+                .items()
                 if k in BROKER_DEFAULT_NAMES
             }
             own = self.image.configs_of_broker(self.settings.node_id) if name else {}
@@ -2227,8 +2231,18 @@ class KafkaApis:
             ErrorCode.INVALID_REQUEST, f"resource type {resource_type} is not supported"
         )
 
-    def _default_source(self, name: str) -> int:
-        """Where the default of topic config ``name`` comes from."""
+    def _cluster_log_defaults(self) -> LogConfig:
+        """The defaults of topic configs on a broker without dynamic ones of its own."""
+        image = self.image
+        if not image.broker_defaults:
+            return image.log_defaults
+        return LogConfig.from_properties(image.dynamic_defaults, image.static_defaults)
+
+    def _default_source(self, name: str, *, mine: bool = True) -> int:
+        """Where the default of topic config ``name`` comes from (``mine``: on this broker,
+        its own dynamic default counted; else cluster-wide)."""
+        if mine and name in self.image.broker_defaults:
+            return CONFIG_SOURCE_DYNAMIC_BROKER
         if name in self.image.dynamic_defaults:
             return CONFIG_SOURCE_DYNAMIC_DEFAULT
         if name in self.settings.log_defaults:
@@ -2377,14 +2391,13 @@ class KafkaApis:
         refusal = static_refusal(_named(alteration))
         if refusal is not None:
             raise KafkaError(ErrorCode.INVALID_REQUEST, refusal)
-        log_names = sorted(n for n in _named(alteration) if n in _LOG_NAMES)
-        if log_names:
-            raise KafkaError(
-                ErrorCode.INVALID_REQUEST,
-                f"broker {broker}: {', '.join(log_names)}: per-broker dynamic configs are not "
-                f"supported but {', '.join(sorted(BROKER_CONFIG_NAMES))}; alter the "
-                'cluster-wide defaults (broker resource "") instead',
-            )
+        own = self.image.configs_of_broker(self.settings.node_id)
+        for lists, subtract in ((alteration.append, False), (alteration.subtract, True)):
+            for name, values in lists.items():  # log.cleanup.policy, from this broker's value
+                alteration.set[name] = altered_list(
+                    DEFAULT_NAMES[name], own.get(name), values, subtract=subtract
+                )
+        self._check_remote_storage(log_overrides(alteration.set))
         await self._store_broker_configs(int(broker), alteration, validate_only)
 
     async def _store_broker_configs(

@@ -5,10 +5,12 @@ change. Everything a broker answers about the cluster — Metadata, DescribeClus
 partitions it leads or follows — comes from here; nothing about the cluster is decided on a
 broker.
 
-A topic's log settings are layered: built-in defaults, the broker's static ``log_defaults``,
-the cluster-wide defaults set through the controller (Kafka's dynamic broker defaults), then
-the topic's overrides (``config_for``). Every broker's own dynamic configs (Kafka's
-per-broker dynamic configs: the replication throttle rates) come with every update.
+A topic's log settings are layered as Kafka layers them: built-in defaults, the broker's
+static ``log_defaults``, the cluster-wide defaults set through the controller (Kafka's
+dynamic broker defaults), this broker's own defaults set through the controller (Kafka's
+per-broker dynamic configs, ``log.retention.ms`` on broker resource "<id>"), then the
+topic's overrides (``config_for``). Every broker's own dynamic configs (those defaults and
+the replication throttle rates) come with every update.
 
 The security metadata — SCRAM credentials, ACLs, client quotas — comes whole in a full image
 and, in a delta, only when it changed (a kind's ``has_`` flag unset: keep what is here). The
@@ -26,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from directlog.broker_config import CLUSTER_DEFAULT
+from directlog.broker_config import CLUSTER_DEFAULT, log_overrides
 from directlog.rpc import controller_pb2 as pb
 from directlog.security import acl_messages
 from directlog.security.acl import (
@@ -108,12 +110,17 @@ class ImageChange:
 
 class ClusterImage:
     def __init__(
-        self, static_defaults: LogConfig, inter_broker_listener: str = "PLAINTEXT"
+        self,
+        static_defaults: LogConfig,
+        inter_broker_listener: str = "PLAINTEXT",
+        node_id: int = CLUSTER_DEFAULT,
     ) -> None:
         self.inter_broker_listener = inter_broker_listener
+        self.node_id = node_id  # whose per-broker defaults apply here
         self.static_defaults = static_defaults  # the broker's log_defaults setting
         self.dynamic_defaults: dict[str, str] = {}  # the cluster-wide ones, Kafka topic names
-        self.log_defaults = static_defaults  # both layers: a topic without overrides
+        self.broker_defaults: dict[str, str] = {}  # this broker's own, Kafka topic names
+        self.log_defaults = static_defaults  # every layer: a topic without overrides
         self.version = -1
         self.cluster_id = ""
         self.controller_id = -1
@@ -162,8 +169,9 @@ class ClusterImage:
                     topic.partitions[info.partition] = info
                     change.partitions.append((topic, info))
         defaults = dict(update.log_defaults)
-        if defaults != self.dynamic_defaults:
-            self._set_defaults(defaults, change)
+        own = log_overrides(self.broker_configs.get(self.node_id, {}))
+        if defaults != self.dynamic_defaults or own != self.broker_defaults:
+            self._set_defaults(defaults, own, change)
         security = self._apply_security(update)
         if security:
             for callback in self.on_security_change:
@@ -193,17 +201,25 @@ class ClusterImage:
                 changed.add(SecurityKind.CLIENT_QUOTAS)
         return frozenset(changed)
 
-    def _set_defaults(self, defaults: dict[str, str], change: ImageChange) -> None:
-        """New cluster-wide defaults, which every topic sees. The controller checked them
-        against every topic but cannot know this broker's static log_defaults: defaults that
-        do not combine with those are refused here and the previous ones kept, as a Kafka
-        broker keeps its config when a dynamic update fails on it."""
+    def _set_defaults(
+        self, defaults: dict[str, str], own: dict[str, str], change: ImageChange
+    ) -> None:
+        """New cluster-wide or per-broker defaults, which every topic sees. The controller
+        checked them against every topic but cannot know this broker's static log_defaults:
+        defaults that do not combine with those are refused here and the previous ones kept,
+        as a Kafka broker keeps its config when a dynamic update fails on it."""
         try:
-            self.log_defaults = LogConfig.from_properties(defaults, self.static_defaults)
+            self.log_defaults = LogConfig.from_properties({**defaults, **own}, self.static_defaults)
         except InvalidConfigError as exc:
-            log.error("cluster-wide log defaults %s refused, old ones kept: %s", defaults, exc)
+            log.error(
+                "dynamic log defaults %s (this broker's: %s) refused, old ones kept: %s",
+                defaults,
+                own,
+                exc,
+            )
             return
         self.dynamic_defaults = defaults
+        self.broker_defaults = own
         change.reconfigured = list(self.topics.values())
 
     def _merge_topic(self, state: pb.TopicState, change: ImageChange) -> TopicInfo:

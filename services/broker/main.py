@@ -86,7 +86,7 @@ def check_cluster_id(data_dir: Path, cluster_id: str) -> None:
 async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     defaults = LogConfig.from_properties(settings.log_defaults)
-    image = ClusterImage(defaults, settings.inter_broker())
+    image = ClusterImage(defaults, settings.inter_broker(), settings.node_id)
     logs = LogManager.open(
         settings.data_dir,
         image.config_for,

@@ -41,6 +41,7 @@ from typing import Generic, TypeVar
 from directlog.broker_config import (
     CLUSTER_DEFAULT,
     InvalidBrokerConfigError,
+    log_overrides,
     validate_broker_configs,
 )
 from directlog.protocol.errors import ErrorCode, KafkaError
@@ -1187,10 +1188,11 @@ class ClusterState:
         replace_all: bool = False,
     ) -> Change:
         """One broker's dynamic configs (Kafka's per-broker dynamic configs: the replication
-        throttle rates), altered as ``alter_configs`` alters a topic's overrides. Any id
-        >= 0, registered or not: Kafka keeps a broker's configs apart from its registration;
-        CLUSTER_DEFAULT (-1): the cluster-wide ones. INVALID_CONFIG for a config that is not
-        a supported dynamic broker one, or a bad value."""
+        throttle rates and its defaults of topic configs), altered as ``alter_configs``
+        alters a topic's overrides. Any id >= 0, registered or not: Kafka keeps a broker's
+        configs apart from its registration; CLUSTER_DEFAULT (-1): the cluster-wide rates.
+        INVALID_CONFIG for a config that is not a supported dynamic broker one, a bad value,
+        or defaults some topic's overrides would not combine with."""
         if broker_id < CLUSTER_DEFAULT:
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"broker id {broker_id} is negative")
         current = self.broker_configs.get(broker_id, {})
@@ -1199,6 +1201,14 @@ class ClusterState:
             validate_broker_configs(set_configs)
         except InvalidBrokerConfigError as exc:
             raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from exc
+        overrides = log_overrides(configs)
+        if overrides:
+            config = _validate_configs({**self.log_defaults, **overrides})
+            for topic in self.topics.values():
+                try:
+                    self._check_topic(topic, topic.configs, config)
+                except KafkaError as exc:
+                    raise KafkaError(exc.code, f"topic {topic.name!r}: {exc}") from exc
         if configs == current:
             return Change(())
         path = self.paths.broker_config(broker_id)

@@ -1,8 +1,9 @@
 """The broker's cluster image layers a topic's log settings: built-in defaults, the broker's
-static log_defaults, the cluster-wide defaults the controller streams, the topic's
-overrides; a change of the cluster-wide defaults reconfigures every topic. It keeps the
-security metadata (SCRAM credentials, ACLs, client quotas) each kind's delta flag says is
-sent whole, tells "unchanged" from "emptied", and tells its listeners which kinds changed."""
+static log_defaults, the cluster-wide defaults the controller streams, its own per-broker
+ones, the topic's overrides; a change of the dynamic defaults reconfigures every topic. It
+keeps the security metadata (SCRAM credentials, ACLs, client quotas) each kind's delta flag
+says is sent whole, tells "unchanged" from "emptied", and tells its listeners which kinds
+changed."""
 
 from __future__ import annotations
 
@@ -63,6 +64,26 @@ def test_cluster_wide_defaults_lie_between_static_defaults_and_overrides() -> No
     plain = image.config_for("plain")
     assert (plain.retention_ms, plain.message_downconversion_enable) == (2000, True)
     assert image.log_defaults == image.static_defaults
+
+
+def test_a_brokers_own_defaults_lie_between_the_cluster_wide_ones_and_overrides() -> None:
+    """Kafka's per-broker log.* configs: only the broker they name takes them."""
+    image = ClusterImage(LogConfig.from_properties(STATIC), node_id=1)
+    image.apply(update(1, {"retention.ms": "3000", "segment.ms": "4000"}, full=True))
+    mine = pb.BrokerConfigs(broker_id=1, configs={"log.retention.ms": "5000"})
+    other = pb.BrokerConfigs(broker_id=2, configs={"log.roll.ms": "6000"})
+    message = update(2, {"retention.ms": "3000", "segment.ms": "4000"})
+    message.broker_configs.extend([mine, other])
+    assert reconfigured(image, message) == ["custom", "plain"]
+    plain, custom = image.config_for("plain"), image.config_for("custom")
+    assert (plain.retention_ms, plain.segment_ms, custom.retention_ms) == (5000, 4000, 1)
+    assert image.broker_defaults == {"retention.ms": "5000"}
+
+    assert reconfigured(image, update(3, {"retention.ms": "3000", "segment.ms": "4000"})) == [
+        "custom",
+        "plain",
+    ]  # deleted: the cluster-wide value again
+    assert image.config_for("plain").retention_ms == 3000
 
 
 def test_defaults_that_do_not_combine_with_the_static_ones_are_refused() -> None:

@@ -75,7 +75,8 @@ def test_the_cluster_wide_rates_are_the_default_entitys_znode() -> None:
         (1, {LEADER_RATE: "-1"}, [], ErrorCode.INVALID_CONFIG, "at least 0"),
         (1, {FOLLOWER_RATE: "1.5"}, [], ErrorCode.INVALID_CONFIG, FOLLOWER_RATE),
         (1, {FOLLOWER_RATE: str(1 << 63)}, [], ErrorCode.INVALID_CONFIG, FOLLOWER_RATE),
-        (1, {"log.retention.ms": "1"}, [], ErrorCode.INVALID_CONFIG, "log.retention.ms"),
+        (1, {"log.retention.ms": "abc"}, [], ErrorCode.INVALID_CONFIG, "log.retention.ms"),
+        (1, {"log.segment.ms": "1"}, [], ErrorCode.INVALID_CONFIG, "log.segment.ms"),
         (1, {"num.io.threads": "8"}, [], ErrorCode.INVALID_CONFIG, "num.io.threads"),
         (1, {LEADER_RATE: "1"}, [LEADER_RATE], ErrorCode.INVALID_REQUEST, LEADER_RATE),
         (-2, {LEADER_RATE: "1"}, [], ErrorCode.INVALID_REQUEST, "negative"),
@@ -90,6 +91,19 @@ def test_bad_broker_configs_are_refused_naming_them(
         state.alter_broker_configs(broker, set_configs, delete)
     assert refused.value.code is error and named in str(refused.value)
     assert state.broker_configs == {1: {LEADER_RATE: "10"}}
+
+
+def test_a_brokers_defaults_of_topic_configs_are_checked_against_every_topic() -> None:
+    """Kafka's per-broker log.* configs: stored with the rates under their broker names,
+    refused when a topic's overrides would not combine with them."""
+    state, _ = with_topic([(1,)])
+    commit(state, state.alter_broker_configs(1, {"log.retention.ms": "60000"}, []))
+    assert configs_in_updates(state) == {1: {"log.retention.ms": "60000"}}
+    commit(state, state.alter_configs("t", {"min.compaction.lag.ms": "10"}, []))
+    with pytest.raises(KafkaError) as refused:
+        state.alter_broker_configs(1, {"log.cleaner.max.compaction.lag.ms": "5"}, [])
+    assert refused.value.code is ErrorCode.INVALID_CONFIG and "'t'" in str(refused.value)
+    assert state.broker_configs == {1: {"log.retention.ms": "60000"}}
 
 
 def test_the_throttled_replicas_are_topic_configs_with_no_broker_default() -> None:
@@ -162,7 +176,7 @@ def test_the_configs_survive_a_reload_from_the_store() -> None:
     "data",
     [
         b'{"configs":{"leader.replication.throttled.rate":"-5"}}',
-        b'{"configs":{"log.retention.ms":"1"}}',
+        b'{"configs":{"log.retention.ms":"soon"}}',
         b"{}",
     ],
 )

@@ -28,10 +28,11 @@ from confluent_kafka.admin import (
 )
 
 from directlog.protocol.errors import ErrorCode
+from directlog.records.batch import Record, build_batch
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import Clients, _stop_checked
 from tests.e2e.controller import ControllerProcess
-from tests.e2e.records import raw_request
+from tests.e2e.records import produce_raw, raw_request, recent_base_timestamp
 from tests.e2e.test_old_consumers import (
     DOWN_CONVERSION,
     Produced,
@@ -252,14 +253,65 @@ def test_bad_defaults_are_refused(cluster, admin):
     assert code == ErrorCode.INVALID_CONFIG
     assert describe_default(bootstrap, "log.roll.ms")[1] == DEFAULT
 
-    # Per-broker dynamic configs are not supported, only the default entity.
-    change = ConfigEntry("log.retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
-    one_broker = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[change])
+
+def alter_broker(admin: Any, changes: Mapping[str, tuple[AlterConfigOpType, str | None]]) -> None:
+    """IncrementalAlterConfigs of broker "0" with confluent-kafka's admin client."""
+    entries = [ConfigEntry(n, v, incremental_operation=op) for n, (op, v) in changes.items()]
+    one_broker = ConfigResource(ResourceType.BROKER, "0", incremental_configs=entries)
     (future,) = admin.incremental_alter_configs([one_broker], request_timeout=TIMEOUT).values()
-    with pytest.raises(KafkaException) as refused:
-        future.result(timeout=TIMEOUT)
-    error = refused.value.args[0]
-    assert error.code() == KafkaError.INVALID_REQUEST and "per-broker" in error.str()
+    future.result(timeout=TIMEOUT)
+
+
+def test_a_brokers_own_defaults_hold_for_its_partitions(cluster, admin, clients):
+    """Kafka's per-broker log.* configs (kafka-configs --entity-type brokers --entity-name 0):
+    over the cluster-wide default, under a topic's override, shown with their source."""
+    bootstrap = cluster.bootstrap
+    topic = f"own-{uuid.uuid4().hex[:8]}"
+    clients.create_topic(bootstrap, topic)
+    big = build_batch([Record(0, recent_base_timestamp(), b"k", b"v" * 2000)])
+    assert alter_defaults(bootstrap, {"message.max.bytes": "5000"}) == OK
+    set_ = AlterConfigOpType.SET
+    try:
+        alter_broker(
+            admin,
+            {
+                "message.max.bytes": (set_, "1000"),
+                "log.cleanup.policy": (AlterConfigOpType.APPEND, "compact"),
+            },
+        )
+        dynamic_broker = ConfigSource.DYNAMIC_BROKER_CONFIG.value
+        assert source(admin, ResourceType.BROKER, "0", "message.max.bytes") == (
+            "1000",
+            dynamic_broker,
+            False,
+        )
+        assert source(admin, ResourceType.BROKER, "0", "log.cleanup.policy")[:2] == (
+            "delete,compact",
+            dynamic_broker,
+        )
+        assert describe_default(bootstrap, "message.max.bytes")[:2] == ("5000", DYNAMIC_DEFAULT)
+        assert source(admin, ResourceType.TOPIC, topic, "max.message.bytes") == (
+            "1000",
+            dynamic_broker,
+            False,
+        )
+        assert produce_raw(bootstrap, topic, big)[0] == ErrorCode.MESSAGE_TOO_LARGE
+
+        alter_broker(admin, {"message.max.bytes": (AlterConfigOpType.DELETE, None)})
+        assert source(admin, ResourceType.TOPIC, topic, "max.message.bytes")[:2] == (
+            "5000",
+            DYNAMIC_DEFAULT,
+        )
+        assert produce_raw(bootstrap, topic, big) == (ErrorCode.NONE, 0)
+
+        # A bad value is refused with Kafka's code, and nothing of the request is applied.
+        entries = {"log.retention.ms": (set_, "60000"), "log.roll.ms": (set_, "soon")}
+        with pytest.raises(KafkaException) as refused:
+            alter_broker(admin, entries)
+        assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+        assert source(admin, ResourceType.BROKER, "0", "log.retention.ms")[1] == DEFAULT
+    finally:
+        alter_broker(admin, {"log.cleanup.policy": (AlterConfigOpType.DELETE, None)})
 
 
 def active_controller(cluster: Cluster) -> ControllerProcess:

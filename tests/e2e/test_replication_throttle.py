@@ -156,11 +156,11 @@ def test_bad_values_are_refused(cluster, clients):
         admin, ConfigResource("BROKER", "1", incremental_configs=set_on("num.io.threads", "8"))
     )
     assert error.code() == KafkaError.INVALID_CONFIG and "num.io.threads" in error.str()
-    # The log.* defaults stay cluster-wide.
+    # A broker's own log.* defaults are checked as the topic configs they stand for.
     error = refused(
-        admin, ConfigResource("BROKER", "1", incremental_configs=set_on("log.retention.ms", "1"))
+        admin, ConfigResource("BROKER", "1", incremental_configs=set_on("log.retention.ms", "x"))
     )
-    assert error.code() == KafkaError.INVALID_REQUEST and "per-broker" in error.str()
+    assert error.code() == KafkaError.INVALID_CONFIG and "log.retention.ms" in error.str()
     assert described(admin, 1)[LEADER_RATE] == (LONG_MAX, DEFAULT)
 
     topic = "bad-throttled-replicas"
