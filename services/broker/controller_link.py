@@ -65,10 +65,15 @@ class ControllerLink:
         self._active = self.addresses[0]
         self._tasks: list[asyncio.Task[None]] = []
         self._stream: grpc.aio.UnaryStreamCall[Any, pb.MetadataUpdate] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._stay_registered()), loop.create_task(self._watch())]
+
+    def stopping(self) -> None:
+        """The broker stops: from now on it never registers again."""
+        self._stopping = True
 
     async def close(self, *, fence: bool = False) -> None:
         """Stop heartbeats and the metadata watch. ``fence``: the broker stops after its
@@ -145,12 +150,17 @@ class ControllerLink:
         broker keeps its epoch and heartbeats on: the next active controller loads the
         registration and knows the epoch, as a KRaft broker's session outlives a controller
         failover. Only a refused heartbeat (the session ended, the broker was fenced) makes
-        it register again, under a new epoch and with a full image."""
+        it register again, under a new epoch and with a full image — unless the broker is
+        stopping: a stopping broker fenced meanwhile (its session ran out while it shut down)
+        would otherwise come back, and be given new partitions, moments before it exits."""
         while True:
             await self._register()
             while await self._heartbeat():
                 await asyncio.sleep(self.heartbeat_seconds)
             self.registered.clear()
+            if self._stopping:
+                log.info("fenced while stopping: not registering again")
+                return
 
     async def _heartbeat(self) -> bool:
         """False when the controller refused this epoch; True when it was accepted or no

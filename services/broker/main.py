@@ -229,6 +229,7 @@ async def run_broker(settings: BrokerSettings, stop: asyncio.Event) -> None:
             )
             heap.settle()
             await _first(stop, stop, failure)
+            link.stopping()
             await controlled_shutdown(
                 link, image, settings.node_id, settings.controlled_shutdown_timeout_ms / 1000
             )
