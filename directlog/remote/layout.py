@@ -1,7 +1,7 @@
 """Where a partition's remote data lives in the store (docs/tiering.md "The remote store").
 
     <topic>-<topic id>/<partition>/segments/<base offset>-<segment id>.log      and beside it
-        .index .timeindex .snapshot .leader-epoch-checkpoint .remoteLogIndex
+        .index .timeindex .snapshot .leader-epoch-checkpoint .remoteLogIndex .txnindex
     <topic>-<topic id>/<partition>/indexes/<first offset>.remoteLogIndex     rotated index
         files, with their .remoteOffsetIndex and .remoteTimeIndex
 
@@ -24,6 +24,7 @@ LEADER_EPOCHS = ".leader-epoch-checkpoint"
 REMOTE_LOG_INDEX = ".remoteLogIndex"
 REMOTE_OFFSET_INDEX = ".remoteOffsetIndex"
 REMOTE_TIME_INDEX = ".remoteTimeIndex"
+TXN_INDEX = ".txnindex"  # the copy's aborted transactions (txn_index.py)
 SEGMENT_SUFFIXES = (LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT, LEADER_EPOCHS)
 INDEX_SUFFIXES = (REMOTE_LOG_INDEX, REMOTE_OFFSET_INDEX, REMOTE_TIME_INDEX)
 
@@ -50,3 +51,11 @@ def segment_key(prefix: str, base_offset: int, segment_id: uuid.UUID, suffix: st
 def index_key(prefix: str, base_offset: int, suffix: str) -> str:
     """A rotated remote index file, under a partition's prefix."""
     return f"{prefix}/indexes/{base_offset:020d}{suffix}"
+
+
+def sibling_key(log_key: str, suffix: str) -> str:
+    """The object of one copy with `suffix`, from the key of its `.log` object (what a
+    remoteLogIndex entry's RDI names)."""
+    if not log_key.endswith(LOG):
+        raise ValueError(f"{log_key!r} is not a copied segment's .log object")
+    return log_key[: -len(LOG)] + suffix

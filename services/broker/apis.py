@@ -193,6 +193,7 @@ class _RemoteFetch(NamedTuple):
     offset: int
     max_bytes: int
     min_one_batch: bool
+    read_committed: bool  # answers the aborted transactions in what it reads
 
 
 class _FetchRead(NamedTuple):
@@ -856,7 +857,13 @@ class KafkaApis:
                         tp = TopicPartition(name, wanted.partition)
                         remote.append(
                             _RemoteFetch(
-                                data, tp, partition_log, moved.offset, budget, min_one_batch
+                                data,
+                                tp,
+                                partition_log,
+                                moved.offset,
+                                budget,
+                                min_one_batch,
+                                read_committed,
                             )
                         )
                         total += budget
@@ -919,7 +926,9 @@ class KafkaApis:
     async def _read_remote(self, remote: list[_RemoteFetch], version: int) -> None:
         """Fill in the partitions below their local log start from the remote store, waiting
         at most remote_fetch_max_wait_ms; a read not done by then answers no records (the
-        client fetches again and takes it), a failed one its error code."""
+        client fetches again and takes it), a failed one its error code. A read_committed
+        fetch gets the aborted transactions of what it reads from the remote copies'
+        transaction indexes (the local index may no longer hold them)."""
         reader = self.remote_reads
         assert reader is not None
         wait = self.settings.remote_fetch_max_wait_ms / 1000
@@ -939,9 +948,21 @@ class KafkaApis:
                 data.records = None
             elif result is None or not result.records:
                 data.records = b""
+            elif fetch.read_committed and result.aborted is None:
+                # A copy's aborted transactions are unknown: never serve its records as
+                # committed (KAFKA_STORAGE_ERROR, retriable; read_uncommitted still reads).
+                problem = KafkaError(
+                    ErrorCode.KAFKA_STORAGE_ERROR,
+                    f"{fetch.tp}: the aborted transactions of remote records unreadable",
+                )
+                data.error_code, _ = self._item_error(problem, "fetch", str(fetch.tp))
+                data.records = None
             else:
                 data.records = memoryview(result.records)
                 data.offsets = result.offsets
+                if fetch.read_committed:
+                    assert result.aborted is not None
+                    data.aborted = [(txn.producer_id, txn.first_offset) for txn in result.aborted]
 
     def _check_down_conversion(self, topic: str, version: int) -> None:
         """A Fetch below v4 needs conversion, which the topic may refuse (Kafka's

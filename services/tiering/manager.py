@@ -9,9 +9,11 @@ As the partition's leader:
 3. copy, oldest first, every closed segment below the high watermark holding offsets no
    finished copy holds: record COPY_STARTED (with a fresh segment id, so a redone copy
    never writes over a half-written one), upload the segment with its indexes, producer
-   snapshot, leader epochs and remoteLogIndex entries, record COPY_FINISHED, append the
-   entries to the remote indexes (rotating them by size or age and shipping each rotated
-   set), and tell the broker, which may then delete the local copy by local retention;
+   snapshot, leader epochs, remoteLogIndex entries and aborted transactions (those with
+   records in it, from the broker's index and the copy before), record COPY_FINISHED,
+   append the entries to the remote indexes (rotating them by size or age and shipping
+   each rotated set), and tell the broker, which may then delete the local copy by local
+   retention;
 4. remote retention: remote segments past retention.ms or beyond retention.bytes, or below
    the log start (DeleteRecords), go, and all of them with remote.log.delete.on.disable
    once remote storage is off: the log start moves first, then the objects are deleted.
@@ -45,6 +47,14 @@ from directlog.remote.index import (
     encode_entries,
 )
 from directlog.remote.store import RemoteObjectMissingError, RemoteStorageError, RemoteStore
+from directlog.remote.txn_index import (
+    PARTITION_FILE,
+    AbortedTxn,
+    decode_aborted,
+    encode_aborted,
+    overlapping,
+    valid_prefix,
+)
 from directlog.rpc import controller_pb2 as pb
 from directlog.rpc import tiering_pb2 as tpb
 from directlog.topic_config import InvalidConfigError, LogConfig
@@ -59,7 +69,7 @@ log = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"  # the broker's file (leader_epochs.py)
 ROTATED_SETS_AFTER = 8  # segments missing from an empty index: take rotated sets first
-OBJECT_SUFFIXES = (*layout.SEGMENT_SUFFIXES, layout.REMOTE_LOG_INDEX)
+OBJECT_SUFFIXES = (*layout.SEGMENT_SUFFIXES, layout.REMOTE_LOG_INDEX, layout.TXN_INDEX)
 
 
 @dataclass(slots=True)
@@ -354,6 +364,9 @@ class RemoteLogManager:
         try:
             # The files that change as the log moves on are read now, with the segment held.
             uploads = await asyncio.to_thread(_files_beside, directory, segment)
+            # Below the last stable offset every transaction is decided, its ABORT marker
+            # indexed by the broker: those with records in this segment are all there.
+            aborted = await asyncio.to_thread(_aborted_transactions, directory)
             scan = await asyncio.to_thread(
                 scan_segment,
                 fd,
@@ -374,8 +387,20 @@ class RemoteLogManager:
                 size_bytes=segment.size_bytes,
                 epochs=[pb.EpochStart(epoch=e, start_offset=o) for e, o in scan.epochs],
             )
+            previous = next(
+                (r for r in reversed(work.finished) if r.end_offset < scan.start_offset), None
+            )
+            shipped = await asyncio.to_thread(
+                _shipped_aborted,
+                self.store,
+                None if previous is None else work.object_key(previous, layout.TXN_INDEX),
+                aborted,
+                scan.start_offset,
+                scan.end_offset,
+            )
             await self._record(work, record)
             uploads[layout.REMOTE_LOG_INDEX] = encode_entries(scan.entries)
+            uploads[layout.TXN_INDEX] = encode_aborted(shipped)
             self.metrics.copy_requests.labels(work.tp.topic).inc()
             try:
                 await asyncio.to_thread(self._upload, objects, fd, segment.size_bytes, uploads)
@@ -651,6 +676,31 @@ def _files_beside(directory: Path, segment: tpb.LocalSegment) -> dict[str, bytes
         layout.LEADER_EPOCHS: _read_if_present(directory / LEADER_EPOCH_CHECKPOINT)
         or b"0\n0\n",  # an empty checkpoint: version 0, no entries
     }
+
+
+def _aborted_transactions(directory: Path) -> list[AbortedTxn]:
+    """The broker's aborted-transaction index of the partition (none: no file yet); an
+    entry it is appending now may be torn, and is of a marker above what is copied."""
+    return valid_prefix(_read_if_present(directory / PARTITION_FILE) or b"")
+
+
+def _shipped_aborted(
+    store: RemoteStore, previous_key: str | None, local: list[AbortedTxn], first: int, last: int
+) -> list[AbortedTxn]:
+    """The aborted transactions a copy of offsets first..last ships: those with records
+    there in the broker's index, and those the copy before it shipped that reach into it (a
+    broker restarted without a producer snapshot does not know where a transaction begun
+    before its local segments started); in marker order (blocking: on a worker thread)."""
+    found = overlapping(local, first, last)
+    if previous_key is not None:
+        try:
+            found += overlapping(decode_aborted(store.read_all(previous_key)), first, last)
+        except RemoteObjectMissingError:
+            pass  # a copy made before copies shipped their aborted transactions
+        except CorruptIndexError as error:
+            log.warning("%s unusable, its entries not carried on: %s", previous_key, error)
+    unique = {(t.producer_id, t.first_offset): t for t in found}
+    return sorted(unique.values(), key=lambda t: t.last_offset)
 
 
 def _read_if_present(path: Path) -> bytes | None:

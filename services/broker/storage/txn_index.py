@@ -5,7 +5,10 @@ Each entry is Kafka's 34-byte AbortedTxn: int16 version 0, int64 producer id, in
 offset (the transaction's first batch here), int64 last offset (its ABORT marker), int64
 the last stable offset when the marker was written. Kafka keeps one file per segment; we
 keep one per partition, `aborted.txnindex`, entries in marker order: aborts are rare, and
-one file needs no lifecycle beside the segments'.
+one file needs no lifecycle beside the segments'. The entry format is shared with the
+`.txnindex` objects of remote copies (directlog/remote/txn_index.py): a tiering service
+reads this file to ship each copy's entries, which remote read_committed fetches answer
+from once the local records, or the whole disk, are gone.
 
 The file is a cache of the log, like the producer state: it is fsynced before every
 producer state snapshot, so the entries of markers below a snapshot are durable, and
@@ -17,22 +20,15 @@ from __future__ import annotations
 
 import bisect
 import os
-import struct
 from pathlib import Path
-from typing import NamedTuple
 
 from directlog.durable_files import write_atomically
+from directlog.remote.txn_index import PARTITION_FILE, AbortedTxn, encode_aborted, valid_prefix
 from services.broker.storage.errors import StorageError
 
-FILE_NAME = "aborted.txnindex"
-_ENTRY = struct.Struct(">hqqqq")  # version, producer id, first, last, last stable offset
+__all__ = ["FILE_NAME", "AbortedTxn", "AbortedTxnIndex"]
 
-
-class AbortedTxn(NamedTuple):
-    producer_id: int
-    first_offset: int
-    last_offset: int  # the ABORT marker's offset
-    last_stable_offset: int
+FILE_NAME = PARTITION_FILE
 
 
 class AbortedTxnIndex:
@@ -46,19 +42,15 @@ class AbortedTxnIndex:
             return
         except OSError as exc:
             raise StorageError(f"cannot read {self.path}: {exc}") from exc
-        # A torn last entry (a crash mid-append) is dropped; the replay restores it.
-        for at in range(0, len(data) - _ENTRY.size + 1, _ENTRY.size):
-            version, *fields = _ENTRY.unpack_from(data, at)
-            entry = AbortedTxn(*fields)
-            if version != 0 or (self.entries and entry.last_offset <= self.entries[-1].last_offset):
-                break  # not an entry we wrote: what follows is rebuilt by the replay
-            self.entries.append(entry)
+        # A torn last entry (a crash mid-append) or one not written here ends what is
+        # taken; the replay rebuilds what follows.
+        self.entries = valid_prefix(data)
 
     def append(self, entry: AbortedTxn) -> None:
         assert not self.entries or entry.last_offset > self.entries[-1].last_offset, "in order"
         try:
             with self.path.open("ab") as file:
-                file.write(_ENTRY.pack(0, *entry))
+                file.write(encode_aborted([entry]))
         except OSError as exc:
             raise StorageError(f"cannot append to {self.path}: {exc}") from exc
         self.entries.append(entry)
@@ -107,7 +99,7 @@ class AbortedTxnIndex:
     def _rewrite(self, entries: list[AbortedTxn]) -> None:
         try:
             if entries:
-                write_atomically(self.path, b"".join(_ENTRY.pack(0, *e) for e in entries))
+                write_atomically(self.path, encode_aborted(entries))
             else:
                 self.path.unlink(missing_ok=True)
         except OSError as exc:

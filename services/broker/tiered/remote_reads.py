@@ -15,12 +15,19 @@ known from the remote index alone: after each read the next READ_AHEAD_RANGES ra
 read ahead, several in flight, so a consumer catching up finds them waiting and the store
 is never idle between two fetches. Reads never run on the event loop, so other consumers
 are not held up by one in progress.
+
+Each read also answers the aborted transactions with records in what it read, for
+read_committed consumers (KIP-98; Kafka's remote fetch reads the copies' transaction
+indexes): those of the `.txnindex` object shipped with each copy it spans, read once and
+kept in a bounded cache (copies never change), with those of the partition's local index
+(which answers for a copy made before copies shipped one, as far as it still reaches).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -31,8 +38,10 @@ from typing import Any, TypeVar
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import decode_records, iter_batches, verify_crc
 from directlog.records.errors import CorruptRecordError, RecordError
+from directlog.remote import layout
 from directlog.remote.index import CorruptIndexError, IndexEntry
-from directlog.remote.store import RemoteStore
+from directlog.remote.store import RemoteObjectMissingError, RemoteStore
+from directlog.remote.txn_index import AbortedTxn, decode_aborted
 from directlog.topics import TopicPartition
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage import PartitionLog
@@ -44,6 +53,7 @@ T = TypeVar("T")
 STALE_SECONDS = 30.0  # a finished read no fetch took is dropped after this long
 READ_AHEAD_MAX_BYTES = 8 << 20
 READ_AHEAD_RANGES = 2  # ranges read ahead of a catching-up consumer, each its next fetch's
+TXN_INDEXES_CACHED = 4096  # copies' aborted transactions kept (most copies have none)
 
 
 class RemoteDataCorruptError(CorruptRecordError):
@@ -55,6 +65,10 @@ class RemoteRead:
     records: memoryview  # whole batches, from the one holding the offset asked for
     first_offset: int  # base offset of the first batch
     next_offset: int  # the offset after the last batch
+    # Aborted transactions with records from the offset asked for to the end of what was
+    # read (a trimmed answer keeps them all: a consumer ignores those starting past it);
+    # None when a copy's `.txnindex` failed its checks: only read_uncommitted may take it.
+    aborted: tuple[AbortedTxn, ...] | None = ()
 
     @property
     def offsets(self) -> int:
@@ -78,6 +92,10 @@ class RemoteReader:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="remote-read")
         self._pending: OrderedDict[tuple[TopicPartition, int], _Pending] = OrderedDict()
         self._reported: set[tuple[TopicPartition, str]] = set()
+        # `.txnindex` object key -> its entries (None: a copy that shipped none), least
+        # recently used first; the reader threads share it.
+        self._txn_indexes: OrderedDict[str, tuple[AbortedTxn, ...] | None] = OrderedDict()
+        self._txn_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -191,12 +209,58 @@ class RemoteReader:
         started = time.perf_counter()
         entries = _entries(partition_log, offset, max_bytes)
         data = self.read_entries(entries)
-        result = _select(data, offset, entries[-1].last_offset + 1)
+        aborted: tuple[AbortedTxn, ...] | None
+        try:
+            aborted = self.aborted_transactions(partition_log, entries, offset)
+        except CorruptIndexError as error:
+            self._failed(tp, error)  # counted and logged; read_committed fetches get it
+            aborted = None
+        result = _select(data, offset, entries[-1].last_offset + 1, aborted)
         self.metrics.remote_read_latency.observe(time.perf_counter() - started)
         self.metrics.remote_fetch_requests.labels(tp.topic).inc()
         self.metrics.remote_fetch_bytes.labels(tp.topic).inc(len(result.records))
         self._reported.discard((tp, ErrorCode.KAFKA_STORAGE_ERROR.name))
         return result
+
+    # Aborted transactions ----------------------------------------------------------------------
+
+    def aborted_transactions(
+        self, partition_log: PartitionLog, entries: Sequence[IndexEntry], offset: int
+    ) -> tuple[AbortedTxn, ...]:
+        """The aborted transactions with records among the offsets of `entries` from
+        `offset` on, by first offset: from the `.txnindex` of each copy they span and the
+        partition's local index (blocking: on a reader thread)."""
+        end = entries[-1].last_offset + 1
+        found = {
+            (t.producer_id, t.first_offset): t
+            for t in partition_log.aborted_transactions(offset, end)
+        }
+        for uri in dict.fromkeys(entry.rdi.uri for entry in entries):
+            for txn in self._copy_txn_index(uri) or ():
+                if txn.last_offset >= offset and txn.first_offset < end:
+                    found.setdefault((txn.producer_id, txn.first_offset), txn)
+        return tuple(sorted(found.values(), key=lambda t: (t.first_offset, t.producer_id)))
+
+    def _copy_txn_index(self, log_uri: str) -> tuple[AbortedTxn, ...] | None:
+        """The entries shipped with the copy whose `.log` is at `log_uri`, cached; None for
+        a copy that shipped none. A corrupt object raises CorruptIndexError."""
+        key = layout.sibling_key(self.store.key_of(log_uri), layout.TXN_INDEX)
+        with self._txn_lock:
+            if key in self._txn_indexes:
+                self._txn_indexes.move_to_end(key)
+                return self._txn_indexes[key]
+        entries: tuple[AbortedTxn, ...] | None
+        try:
+            entries = tuple(decode_aborted(self.store.read_all(key)))
+        except RemoteObjectMissingError:
+            entries = None
+        except CorruptIndexError as error:
+            raise CorruptIndexError(f"{key}: {error}") from error
+        with self._txn_lock:
+            self._txn_indexes[key] = entries
+            while len(self._txn_indexes) > TXN_INDEXES_CACHED:
+                self._txn_indexes.popitem(last=False)
+        return entries
 
     # Offsets by time ---------------------------------------------------------------------------
 
@@ -305,13 +369,15 @@ def _check(entry: IndexEntry, data: memoryview, position: int) -> None:
         )
 
 
-def _select(data: memoryview, offset: int, end_offset: int) -> RemoteRead:
+def _select(
+    data: memoryview, offset: int, end_offset: int, aborted: tuple[AbortedTxn, ...] | None = ()
+) -> RemoteRead:
     """The batches from the one holding `offset` on, up to `end_offset` (the offset after
     the last entry's records); all checked already, so only the first entry's batches are
     walked."""
     for at, header in iter_batches(data):
         if header.last_offset >= offset:
-            return RemoteRead(data[at:], header.base_offset, end_offset)
+            return RemoteRead(data[at:], header.base_offset, end_offset, aborted)
     return RemoteRead(memoryview(b""), -1, -1)
 
 
@@ -329,7 +395,7 @@ def _trimmed(read: RemoteRead, max_bytes: int, min_one_batch: bool) -> RemoteRea
         next_offset = header.next_offset
     if end == 0:
         return RemoteRead(memoryview(b""), -1, -1)
-    return RemoteRead(read.records[:end], read.first_offset, next_offset)
+    return RemoteRead(read.records[:end], read.first_offset, next_offset, read.aborted)
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
