@@ -771,3 +771,100 @@ def test_a_new_partition_leader_keeps_the_open_transaction_unstable(
             b"t1",
             b"plain",
         ]
+
+
+def whole_log(bootstrap: str, topic: str) -> list[tuple[int, bool, int | None, Any]]:
+    """raw_log of partition 0 over every segment (a fetch answers from one segment)."""
+    out: list[tuple[int, bool, int | None, Any]] = []
+    offset = 0
+    while True:
+        data = fetch_partition(bootstrap, topic, offset).records
+        batches = list(iter_batches(data))
+        if not batches:
+            return out
+        for position, header in batches:
+            for record in decode_records(data, position, header):
+                if record.offset >= offset:
+                    marker = control_type(record.key) if header.is_control else None
+                    out.append((record.offset, header.is_control, marker, record.value))
+        offset = batches[-1][1].next_offset  # (compaction may have emptied a batch)
+
+
+def test_compaction_keeps_each_keys_latest_committed_value(
+    txn_broker: BrokerProcess, clients: Clients
+) -> None:
+    """A compacted topic gets committed, aborted and timed-out transactions over small
+    segments; the cleaner removes the aborted records and the overwritten committed ones,
+    and a read_committed consumer then sees each key's latest committed value only, never
+    an aborted write that came after it."""
+    bootstrap = txn_broker.bootstrap
+    topic = f"txn-compact-{uuid.uuid4().hex[:6]}"
+    config = {
+        "cleanup.policy": "compact",
+        "segment.bytes": "700",
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "0",  # markers may go as soon as their data has
+    }
+    clients.create_topic(bootstrap, topic, config=config)
+
+    def send(producer: Producer, tag: str, keys: range) -> None:
+        for key in keys:
+            producer.produce(topic, key=b"k%d" % key, value=b"%s:k%d" % (tag.encode(), key))
+        assert producer.flush(WAIT) == 0
+
+    producer = transactional(bootstrap, f"tx-{uuid.uuid4().hex[:6]}")
+    for tag, keys, commit in (
+        ("first", range(10), True),
+        ("aborted", range(10), False),
+        ("second", range(5), True),
+    ):
+        producer.begin_transaction()
+        send(producer, tag, keys)
+        if commit:
+            producer.commit_transaction(WAIT)
+        else:
+            producer.abort_transaction(WAIT)
+    abandoned = transactional(
+        bootstrap, f"tx-{uuid.uuid4().hex[:6]}", **{"transaction.timeout.ms": 1500}
+    )
+    abandoned.begin_transaction()
+    send(abandoned, "timed-out", range(5, 10))
+    (written,) = [o for o, _, _, v in whole_log(bootstrap, topic) if v == b"timed-out:k9"]
+    deadline = time.monotonic() + WAIT  # (the cleaner may remove the earlier abort's marker)
+    while not [o for o, c, m, _ in whole_log(bootstrap, topic) if c and m == ABORT and o > written]:
+        assert time.monotonic() < deadline, "the coordinator did not abort the transaction"
+        time.sleep(0.2)
+    producer.begin_transaction()
+    send(producer, "third", range(10, 12))
+    producer.commit_transaction(WAIT)
+    plain = clients.producer(bootstrap)
+    for round_ in range(4):  # roll a few segments past the transactions: the head stays
+        clients.produce_all(
+            plain,
+            topic,
+            [{"key": b"f%d" % i, "value": b"fill%d:f%d" % (round_, i)} for i in range(8)],
+        )
+    expected = {b"k%d" % k: b"second:k%d" % k for k in range(5)}
+    expected |= {b"k%d" % k: b"first:k%d" % k for k in range(5, 10)}
+    expected |= {b"k%d" % k: b"third:k%d" % k for k in range(10, 12)}
+
+    def gone(value: bytes) -> bool:
+        """Aborted, or overwritten by a later committed value of its key."""
+        key = value.split(b":")[1]
+        return not key.startswith(b"f") and expected[key] != value
+
+    deadline = time.monotonic() + WAIT
+    while True:
+        stored = [(o, v) for o, c, _, v in whole_log(bootstrap, topic) if not c]
+        if not any(gone(v) for _, v in stored):
+            break
+        assert time.monotonic() < deadline, f"never compacted: {stored}"
+        time.sleep(0.5)
+    end = whole_log(bootstrap, topic)[-1][0] + 1
+    got = [v for _, v in read_committed(clients, bootstrap, topic, 1, end)[0]]
+    latest: dict[bytes, bytes] = {}
+    for value in got:
+        latest[value.split(b":")[1]] = value
+    assert {k: v for k, v in latest.items() if not k.startswith(b"f")} == expected
+    assert not [v for v in got if gone(v)]
+    assert {v for v in got if v.startswith(b"fill")} >= {b"fill3:f%d" % i for i in range(8)}

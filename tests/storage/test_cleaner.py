@@ -1,8 +1,9 @@
-"""Log compaction: what a pass keeps (the latest record of each key at its own offset,
-tombstones until delete.retention.ms, producers' last batches, control batches), what it
-never touches (the head, offsets at or above the high watermark, young segments), how the
-swap treats readers and crashes, how the broker's log manager drives it, and a property test
-against a model of the uncompacted log."""
+"""Log compaction: what a pass keeps (the latest committed record of each key at its own
+offset, tombstones until delete.retention.ms, producers' last batches, transaction markers
+until their transaction's data is gone), what it never touches (the head, offsets at or
+above the last stable offset, young segments), how the swap treats readers and crashes, how
+the broker's log manager drives it, and a property test against a model of the uncompacted
+log."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from services.broker.storage.cleaner import (
     read_checkpoint,
 )
 from services.broker.storage.log_manager import LogManager
+from services.broker.storage.markers import ABORT, control_type
 from services.broker.storage.segment import LogSegment, finish_interrupted_swaps
 from tests.storage.helpers import T0, ManualClock, tree_digest
 
@@ -324,25 +326,186 @@ def test_an_emptied_batch_stays_only_as_its_producers_last(open_log):
     assert [(r.offset, r.value) for r in fetch(log)] == [(5, b"5"), (6, b"y")]
 
 
-def test_control_batches_are_kept_whole(open_log):
-    log = open_log(COMPACT)
-    log.append(keyed([(b"a", b"1")]))
-    marker = build_batch(
-        [Record(1, T0, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00")],
-        control=True,
-        transactional=True,
-        producer_id=9,
-        producer_epoch=0,
-    )
-    log.append(marker, assign_offsets=False)
-    log.append(keyed([(b"a", b"2")]))
-    log.roll()
-    log.update_high_watermark(log.log_end_offset)
-    clean_now(log)
+# Transactions ------------------------------------------------------------------------------
+
+
+class Txns:
+    """Transactional appends to a log, each producer with its own sequence."""
+
+    def __init__(self, log: PartitionLog) -> None:
+        self.log = log
+        self.sequences: dict[int, int] = {}
+
+    def send(self, producer_id: int, pairs: list[Pair], *, epoch: int = 0) -> int:
+        """One transactional batch; its base offset."""
+        sequence = self.sequences.get(producer_id, 0)
+        self.sequences[producer_id] = sequence + len(pairs)
+        batch = keyed(
+            pairs,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=sequence,
+            transactional=True,
+        )
+        return self.log.append(batch, leader_epoch=0).first_offset
+
+    def end(self, producer_id: int, *, commit: bool, epoch: int = 0) -> int:
+        """The producer's marker; its offset."""
+        return self.log.append_marker(producer_id, epoch, commit, 0, leader_epoch=0).first_offset
+
+    def settle(self) -> None:
+        """Roll and replicate everything, so all but the empty head may be cleaned."""
+        self.log.roll()
+        self.log.update_high_watermark(self.log.log_end_offset)
+
+
+def stored(log: PartitionLog) -> list[tuple[int, int, bool]]:
+    """(base offset, record count, is control) of every batch on disk."""
     data = b"".join(s.log.read(0, s.size) for s in log.segments)
-    batches = list(iter_batches(data))
-    assert [h.base_offset for _, h in batches] == [1, 2]
-    assert data[batches[0][0] : batches[0][0] + batches[0][1].size] == marker
+    return [(h.base_offset, h.records_count, h.is_control) for _, h in iter_batches(data)]
+
+
+def read_committed(log: PartitionLog) -> list[tuple[bytes | None, bytes | None]]:
+    return [(r.key, r.value) for r in read_committed_records(log)]
+
+
+def read_committed_records(log: PartitionLog) -> list[Record]:
+    """What a read_committed consumer reading the whole log in one fetch gets, filtering as
+    Kafka's consumers do: from an aborted transaction's first offset on, the transactional
+    batches of its producer are skipped until that producer's ABORT marker."""
+    data = b"".join(s.log.read(0, s.size) for s in log.segments)
+    aborted = sorted(log.aborted_transactions(0, log.log_end_offset), key=lambda e: e.first_offset)
+    skipping: set[int] = set()
+    out: list[Record] = []
+    for position, header in iter_batches(data):
+        while aborted and aborted[0].first_offset <= header.last_offset:
+            skipping.add(aborted.pop(0).producer_id)
+        records = decode_records(data, position, header)
+        if header.is_control:  # consumers never deliver control records
+            if records and control_type(records[0].key) == ABORT:
+                skipping.discard(header.producer_id)
+        elif not (header.is_transactional and header.producer_id in skipping):
+            out += records
+    return out
+
+
+def test_an_aborted_value_never_shadows_the_committed_one(open_log):
+    log = open_log(COMPACT)
+    txns = Txns(log)
+    txns.send(1, [(b"a", b"committed")])  # 0
+    txns.end(1, commit=True)  # 1
+    txns.send(2, [(b"a", b"aborted"), (b"b", b"aborted")])  # 2-3
+    txns.end(2, commit=False)  # 4
+    txns.send(2, [(b"c", b"later")])  # 5: producer 2's last batch
+    txns.end(2, commit=True)  # 6
+    txns.settle()
+    assert read_committed(log) == [(b"a", b"committed"), (b"c", b"later")]
+
+    result = clean_now(log)
+    assert result is not None and result.complete and result.records_removed == 2
+    # The aborted batch is gone, not emptied; the markers are young: they stay.
+    assert stored(log) == [(0, 1, False), (1, 1, True), (4, 1, True), (5, 1, False), (6, 1, True)]
+    assert [(r.offset, r.value) for r in fetch(log) if r.offset in (0, 5)] == [
+        (0, b"committed"),
+        (5, b"later"),
+    ]
+    assert read_committed(log) == [(b"a", b"committed"), (b"c", b"later")]
+    assert [(e.producer_id, e.last_offset) for e in log.aborted_transactions(0, 100)] == [(2, 4)]
+
+
+@pytest.mark.parametrize("segment_bytes", [100, 4096])
+def test_markers_go_after_delete_retention_once_their_transactions_are_gone(
+    open_log, clock, segment_bytes
+):
+    """Past delete.retention.ms a COMMIT marker goes in the pass that removes the last
+    record of its transaction; an ABORT marker in that pass only if its batches went in an
+    earlier swap (one batch per segment and group here), otherwise in the next pass, its
+    index entry first."""
+    log = open_log(dataclasses.replace(COMPACT, segment_bytes=segment_bytes))
+    txns = Txns(log)
+    txns.send(1, [(b"a", b"1")])  # 0, shadowed by offset 2
+    txns.end(1, commit=True)  # 1
+    txns.send(1, [(b"a", b"2")])  # 2, producer 1's last batch
+    txns.end(1, commit=True)  # 3
+    txns.send(2, [(b"b", b"aborted")])  # 4
+    txns.end(2, commit=False)  # 5
+    txns.send(2, [(b"c", b"1")])  # 6, producer 2's last batch
+    txns.end(2, commit=True)  # 7
+    txns.settle()
+    end = log.log_end_offset
+    clock.advance(DAY + 1)
+    clean_now(log, clock.now)
+    assert [o for o, _, control in stored(log) if not control] == [2, 6]
+    separate_groups = segment_bytes == 100
+    assert [o for o, _, control in stored(log) if control] == (
+        [3, 7] if separate_groups else [3, 5, 7]
+    )
+    assert [e.last_offset for e in log.aborted_transactions(0, end)] == (
+        [] if separate_groups else [5]
+    )
+    log.append(keyed([(b"d", b"2")]))  # new dirty data, for another pass
+    txns.settle()
+    clean_now(log, clock.now)
+    assert [o for o, _, control in stored(log) if control] == [3, 7]
+    assert log.aborted_transactions(0, log.log_end_offset) == []
+    assert read_committed(log) == [(b"a", b"2"), (b"c", b"1"), (b"d", b"2")]
+    assert log.log_start_offset == 0
+
+
+def test_an_abort_marker_stays_while_its_producers_last_batch_does(open_log, clock):
+    """The last batch of a producer stays, emptied even when aborted, and keeps its
+    marker and index entry; a marker with a newer producer epoch than the producer's last
+    data batch (a timed-out transaction's abort) stays as its last."""
+    log = open_log(COMPACT)
+    txns = Txns(log)
+    txns.send(1, [(b"a", b"aborted")])  # 0, producer 1's only batch
+    txns.end(1, commit=False)  # 1
+    txns.send(2, [(b"a", b"committed")])  # 2
+    txns.end(2, commit=True)  # 3
+    txns.end(2, commit=False, epoch=1)  # 4: the coordinator bumped the epoch
+    txns.send(3, [(b"z", b"1")])  # 5
+    txns.end(3, commit=False, epoch=1)  # 6: an older epoch's data, this epoch's abort
+    log.append(keyed([(b"z", b"2")]))  # 7: z=1 would be shadowed anyway
+    txns.settle()
+    clock.advance(DAY + 1)
+    clean_now(log, clock.now)
+    assert stored(log) == [
+        (0, 0, False),  # emptied, kept for producer 1's sequence
+        (1, 1, True),
+        (2, 1, False),
+        (3, 1, True),
+        (4, 1, True),
+        (5, 0, False),
+        (6, 1, True),
+        (7, 1, False),
+    ]
+    assert [e.last_offset for e in log.aborted_transactions(0, 100)] == [1, 6]
+    assert read_committed(log) == [(b"a", b"committed"), (b"z", b"2")]
+
+
+def test_open_transactions_are_never_cleaned(open_log):
+    log = open_log(COMPACT)
+    txns = Txns(log)
+    log.append(keyed([(b"a", b"1")]))  # 0
+    log.roll()
+    txns.send(1, [(b"a", b"open")])  # 1, open
+    log.roll()
+    log.append(keyed([(b"a", b"3")]))  # 2
+    txns.settle()
+    assert log.last_stable_offset == 1
+    cleanable = find_cleanable(log, T0)
+    assert cleanable is not None and cleanable.end == 1
+    clean_now(log)
+    assert [(r.offset, r.value) for r in fetch(log)] == [(0, b"1"), (1, b"open"), (2, b"3")]
+
+    marker = txns.end(1, commit=False)  # 3
+    log.update_high_watermark(marker)  # written, not yet replicated: still unstable
+    assert find_cleanable(log, T0) is None
+    txns.settle()
+    clean_now(log)
+    # Offset 0 went (a later a); producer 1's last batch, aborted, stays empty.
+    assert stored(log) == [(1, 0, False), (2, 1, False), (3, 1, True)]
+    assert read_committed(log) == [(b"a", b"3")]
 
 
 def test_a_small_key_map_cleans_in_several_passes(open_log):
@@ -542,6 +705,67 @@ def test_a_crash_at_any_step_of_a_pass_leaves_a_log_that_opens_and_finishes(
         assert fetch(reopened) == final, step
 
 
+def _txn_crash_log(directory: Path, config: LogConfig, clock: ManualClock) -> PartitionLog:
+    log = PartitionLog.open(directory, config, clock=clock)
+    txns = Txns(log)
+    txns.send(1, [(b"a", b"1")])
+    txns.end(1, commit=True)
+    txns.send(2, [(b"a", b"aborted"), (b"b", b"aborted")])
+    txns.end(2, commit=False)
+    txns.send(1, [(b"a", b"2")])
+    txns.end(1, commit=True)
+    txns.send(2, [(b"c", b"1")])
+    txns.end(2, commit=True)
+    log.append(keyed([(b"z", b"1")]))
+    txns.settle()
+    return log
+
+
+def _markers_of_entries_exist(log: PartitionLog) -> bool:
+    data = b"".join(s.log.read(0, s.size) for s in log.segments)
+    markers = {h.base_offset for _, h in iter_batches(data) if h.is_control}
+    return all(e.last_offset in markers for e in log.aborted_transactions(0, 1 << 62))
+
+
+@pytest.mark.parametrize("segment_bytes", [100, 4096])  # a group per batch, or one group
+def test_a_crash_at_any_step_of_a_transactional_pass_keeps_every_transaction_decided(
+    tmp_path, clock, monkeypatch, segment_bytes
+):
+    """Whatever step of a pass that drops aborted data, markers and index entries a crash
+    hits, the reopened log has every transaction ended (the last stable offset reaches the
+    high watermark), no index entry without its marker, and read_committed sees no aborted
+    record and every key's latest committed one."""
+    config = dataclasses.replace(COMPACT, segment_bytes=segment_bytes)
+    later = clock.now + DAY + 1  # the markers, written now, may go then
+    final = [(b"a", b"2"), (b"c", b"1"), (b"z", b"1")]
+    log = _txn_crash_log(tmp_path / "count" / "t-0", config, clock)
+    steps = _crash_at(0, monkeypatch)
+    clean_now(log, later)
+    total = steps()
+    monkeypatch.undo()
+    assert read_committed(log) == final
+    # Its marker went too, unless it shared a group with the aborted batch.
+    assert len(log.aborted_transactions(0, log.log_end_offset)) == (segment_bytes > 100)
+
+    for step in range(1, total + 1):
+        directory = tmp_path / str(step) / "t-0"
+        log = _txn_crash_log(directory, config, clock)
+        end = log.log_end_offset
+        _crash_at(step, monkeypatch)
+        with pytest.raises(Crash):
+            clean_now(log, later)
+        monkeypatch.undo()
+        reopened = PartitionLog.open(directory, config, clock=clock)
+        reopened.update_high_watermark(end)
+        assert reopened.last_stable_offset == end, step
+        assert _markers_of_entries_exist(reopened), step
+        seen = read_committed(reopened)
+        assert set(final) <= set(seen) and (b"b", b"aborted") not in seen, step
+        clean_fully(reopened, later)
+        assert read_committed(reopened) == final, step
+        assert _markers_of_entries_exist(reopened), step
+
+
 def test_leftovers_of_an_interrupted_swap_are_completed_or_discarded(tmp_path):
     directory = tmp_path / "t-0"
     directory.mkdir()
@@ -676,3 +900,89 @@ def _reopen(
         recovery_point=log.recovery_point,
         high_watermark=log.high_watermark,
     )
+
+
+transactional_operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("send"),
+            st.sampled_from([1, 2, 3]),
+            st.lists(
+                st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.booleans()),
+                min_size=1,
+                max_size=3,
+            ),
+        ),
+        st.tuples(st.just("end"), st.sampled_from([1, 2, 3]), st.booleans()),
+        st.tuples(
+            st.just("plain"), st.sampled_from([b"a", b"b", b"c", b"d"]), st.sampled_from([0])
+        ),
+        st.tuples(st.just("roll")),
+        st.tuples(st.just("clean"), st.integers(1, 8)),
+        st.tuples(st.just("reopen"), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transactional_operations)
+def test_compaction_keeps_the_latest_committed_record_of_each_key(ops):
+    """Random transactional histories: after every step read_committed sees no aborted
+    record, every undecided one and each key's latest committed record, and every index
+    entry has its marker; cleaned fully past delete.retention.ms, it sees exactly each
+    key's latest committed value."""
+    config = dataclasses.replace(COMPACT, segment_bytes=300)
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name) / "t-0"
+        log = PartitionLog.open(directory, config, clock=clock)
+        txns = Txns(log)
+        committed: list[Record] = []  # plain records and those of committed transactions
+        aborted: list[Record] = []
+        open_txns: dict[int, list[Record]] = {}
+        for op in ops:
+            if op[0] == "send":
+                _, producer_id, spec = op
+                end = log.log_end_offset
+                pairs = [
+                    (k, None if tomb else b"v%d" % (end + i)) for i, (k, tomb) in enumerate(spec)
+                ]
+                first = txns.send(producer_id, pairs)
+                open_txns.setdefault(producer_id, []).extend(
+                    Record(first + i, T0, k, v) for i, (k, v) in enumerate(pairs)
+                )
+            elif op[0] == "end" and op[1] in open_txns:
+                txns.end(op[1], commit=op[2])
+                (committed if op[2] else aborted).extend(open_txns.pop(op[1]))
+                committed.sort(key=lambda r: r.offset)  # what "latest" means
+            elif op[0] == "plain":
+                value = b"p%d" % log.log_end_offset
+                first = log.append(keyed([(op[1], value)]), leader_epoch=0).first_offset
+                committed.append(Record(first, T0, op[1], value))
+            elif op[0] == "roll":
+                log.roll()
+            elif op[0] == "clean":
+                clean_now(log, max_keys=op[1])
+            elif op[0] == "reopen":
+                log = _reopen(log, directory, config, clock, op[1])
+                txns.log = log
+            log.update_high_watermark(log.log_end_offset)
+            seen = set(read_committed_records(log))
+            undecided = [r for records in open_txns.values() for r in records]
+            assert not set(aborted) & seen
+            assert set(latest_per_key(committed) + undecided) <= seen
+            assert _markers_of_entries_exist(log)
+        for producer_id in list(open_txns):
+            txns.end(producer_id, commit=True)
+            committed.extend(open_txns.pop(producer_id))
+        txns.settle()
+        clean_fully(log, T0 + DAY + 1)
+        committed.sort(key=lambda r: r.offset)
+        expected = [(r.key, r.value) for r in latest_per_key(committed) if r.value is not None]
+        assert read_committed(log) == expected
+        assert _markers_of_entries_exist(log)
+        reopened = _reopen(log, directory, config, clock, False)
+        reopened.update_high_watermark(reopened.log_end_offset)
+        assert reopened.last_stable_offset == reopened.log_end_offset
+        assert read_committed(reopened) == expected

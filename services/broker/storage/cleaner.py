@@ -5,44 +5,69 @@ broker's housekeeping, on a worker thread):
 
 1. `find_cleanable`: the cleanable segments run from the log start up to the first
    uncleanable offset, the base of the first segment that is the head, holds offsets at or
-   above the high watermark, or holds records younger than min.compaction.lag.ms. The dirty
-   part starts at the cleaner checkpoint (`cleaner-offset-checkpoint`, see docs/formats.md).
-   A log is due when dirty bytes / cleanable bytes reach min.cleanable.dirty.ratio, or when
-   its oldest dirty segment began longer than max.compaction.lag.ms ago.
-2. `clean` maps key -> offset of its latest record over the dirty part, at most `max_keys`
-   keys (each stands as a 128-bit BLAKE2b digest; a full map ends at a batch boundary and
-   the next pass goes on from there), then rewrites the cleanable segments below where the
-   map ends, in groups that fit one segment, and swaps each group in
+   above the last stable offset (so an open or unreplicated transaction is never cleaned,
+   and everything cleaned is decided), or holds records younger than min.compaction.lag.ms.
+   The dirty part starts at the cleaner checkpoint (`cleaner-offset-checkpoint`, see
+   docs/formats.md). A log is due when dirty bytes / cleanable bytes reach
+   min.cleanable.dirty.ratio, or when its oldest dirty segment began longer than
+   max.compaction.lag.ms ago.
+2. `clean` maps key -> offset of its latest committed record over the dirty part, at most
+   `max_keys` keys (each stands as a 128-bit BLAKE2b digest; a full map ends at a batch
+   boundary and the next pass goes on from there), then rewrites the cleanable segments
+   below where the map ends, in groups that fit one segment, and swaps each group in
    (PartitionLog.replace_segments) in offset order. The checkpoint moves once all are in.
 
+Transactions (KIP-98): a data batch of an aborted transaction (the log's aborted-transaction
+index says which: producer id, first offset, ABORT marker offset) never enters the key map,
+so an aborted write cannot shadow an older committed value of its key (in
+`__consumer_offsets` too, where aborted TxnOffsetCommits are offset commits), and none of its
+records is kept.
+
 What a rewritten batch keeps, as Kafka's cleaner does:
-- a keyed record unless a later record has the same key; records without a key are dropped
-  (a produce to a compacted topic must refuse them: see validator.py);
+- a keyed record unless a later committed record has the same key; records without a key
+  are dropped (a produce to a compacted topic must refuse them: see validator.py);
 - a tombstone (null value) until its batch's max timestamp is delete.retention.ms old
   (Kafka counts from when its segment was first cleaned; batch time is simpler);
-- a control batch whole.
+- a transaction marker until its batch is delete.retention.ms old and no batch of its
+  transaction is left: a COMMIT marker goes in a pass that kept no batch of its
+  transaction, an ABORT marker in a pass that kept none and found none in the marker's own
+  group (its index entry is dropped first, see below); a producer's last marker stays when
+  it carries a newer producer epoch than the producer's last data batch (a fencing abort's
+  bumped epoch, which later appends are checked against); any other control batch whole.
 Retained records keep their offsets and their bytes. A batch that lost records is rebuilt
 with its header fields (base offset, lastOffsetDelta, partition leader epoch, attributes,
 base timestamp, producer id, epoch and base sequence), its retained records compressed
 again with its own codec, and count, max timestamp (under CreateTime) and CRC recomputed:
 offsets become sparse but each batch still ends where it did, so the log end, log start and
-leader epochs never change. A batch left without records is dropped unless it is the last
-data batch of its producer id below the high watermark: that one stays, empty (no codec,
-both timestamps its max timestamp, like Kafka's), so the producer's sequence state
-survives restarts. The first segment always stays, empty if need be, so the log start does
-not move; any other group left empty is dropped rather than swapped.
+leader epochs never change. A batch left without records (an aborted one always is) is
+dropped unless it is the last data batch of its producer id below the high watermark: that
+one stays, empty (no codec, both timestamps its max timestamp, like Kafka's), so the
+producer's sequence state survives restarts, and it keeps its transaction's marker. The
+first segment always stays, empty if need be, so the log start does not move; any other
+group left empty is dropped rather than swapped.
 
-A tombstone goes only in the same swap as every older record of its key, or after them
-(swaps run in offset order and a pass that meets a changed log stops), so a crash between
-swaps never brings a deleted key back.
+A crash between swaps leaves the log partly cleaned, never wrong:
+- a tombstone goes only in the same swap as every older record of its key, or after them
+  (swaps run in offset order and a pass that meets a changed log stops), so a deleted key
+  never comes back;
+- a marker goes only in the swap of the group holding it, after every batch of its
+  transaction went in an earlier swap or the same one, so no transaction is left without
+  its end (the replayed producer state would hold it open);
+- an ABORT marker's index entry is dropped durably before the swap that removes the
+  marker, and only once no batch of the transaction is left on disk: a crash in between
+  (or a swap that finds the log changed) leaves a marker without an entry, which consumers
+  pass over, never aborted records without their entry (read_committed consumers would see
+  them) nor an entry without its marker (they would skip the producer's later transactions
+  up to its next ABORT).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -55,6 +80,7 @@ from directlog.records.batch import (
     BatchHeader,
     RawRecord,
     TimestampType,
+    decode_records,
     raw_records,
     read_header,
     records_area,
@@ -64,7 +90,9 @@ from directlog.records.compression import Compression, compress
 from directlog.records.varint import Buffer
 from directlog.topic_config import LogConfig
 from services.broker.storage.log import PartitionLog
+from services.broker.storage.markers import ABORT, COMMIT, control_type
 from services.broker.storage.segment import CLEANED_SUFFIX, LogSegment
+from services.broker.storage.txn_index import AbortedTxn
 from services.broker.storage.validator import MAX_DECOMPRESSED
 
 log = logging.getLogger(__name__)
@@ -85,7 +113,7 @@ class Cleanable(NamedTuple):
     later: list[LogSegment]  # the rest of the log, read only for producers' last batches
     high_watermark: int
     first_dirty: int  # the cleaner checkpoint, kept within the log
-    end: int  # the first uncleanable offset
+    end: int  # the first uncleanable offset, at or below the last stable offset
     dirty_bytes: int
     total_bytes: int
     overdue: bool  # dirty data older than max.compaction.lag.ms
@@ -123,11 +151,12 @@ def find_cleanable(log: PartitionLog, now_ms: int) -> Cleanable | None:
         return None
     segments = log.segments
     high_watermark = log.high_watermark
+    stable = log.last_stable_offset  # at or below the high watermark
     start, log_end = log.log_start_offset, log.log_end_offset
     young = now_ms - config.min_compaction_lag_ms
     count = 0
     for segment in segments[:-1]:
-        if segment.next_offset > high_watermark or log.layout.in_memory(segment):
+        if segment.next_offset > stable or log.layout.in_memory(segment):
             break  # (a segment still in the head directory is cleaned once written back)
         lag_applies = config.min_compaction_lag_ms > 0 and not segment.is_empty()
         if lag_applies and segment.largest_timestamp() > young:
@@ -174,18 +203,30 @@ def clean(
     assert max_keys > 0
     config = log.config
     result = CleanResult(False, cleanable.first_dirty)
+    start = cleanable.segments[0][0].base_offset
+    aborted = _AbortedRanges(log.aborted_transactions(start, cleanable.end))
     try:
-        offsets, map_end = _map_keys(cleanable, max_keys, stop)
+        offsets, map_end = _map_keys(cleanable, aborted, max_keys, stop)
         todo = [(s, size) for s, size in cleanable.segments if s.base_offset < map_end]
-        last_batches = _last_data_batches(
+        last_data, last_markers = _last_batches(
             [s for s, _ in cleanable.segments] + cleanable.later, cleanable.high_watermark
         )
-        rules = _Rules(offsets, map_end, now_ms - config.delete_retention_ms, last_batches)
+        rules = _Rules(
+            offsets,
+            map_end,
+            now_ms - config.delete_retention_ms,
+            last_data,
+            last_markers,
+            aborted,
+        )
         for index, group in enumerate(_groups(todo, config)):
             # Only the log's first segment stays when empty, so the log start cannot move.
             cleaned = _write_group(
                 log.directory, group, rules, config, now_ms, result, stop, keep_empty=index == 0
             )
+            if rules.forget:  # before the swap: see the module docstring
+                log.forget_aborted(rules.forget)
+                rules.forget = []
             if not log.replace_segments(
                 [s for s, _ in group], [size for _, size in group], cleaned
             ):
@@ -202,10 +243,11 @@ def clean(
 
 
 def _map_keys(
-    cleanable: Cleanable, max_keys: int, stop: Callable[[], bool]
+    cleanable: Cleanable, aborted: _AbortedRanges, max_keys: int, stop: Callable[[], bool]
 ) -> tuple[dict[bytes, int], int]:
-    """Key digest -> offset of its latest record in the dirty part, and the offset the
-    map covers up to: the first uncleanable offset, or the batch where the map filled up."""
+    """Key digest -> offset of its latest committed record in the dirty part, and the
+    offset the map covers up to: the first uncleanable offset, or the batch where the map
+    filled up."""
     offsets: dict[bytes, int] = {}
     first_dirty = cleanable.first_dirty
     for segment, size in cleanable.segments:
@@ -218,7 +260,7 @@ def _map_keys(
                 return offsets, header.base_offset
             if stop():
                 raise _Stopped
-            if header.is_control:
+            if header.is_control or aborted.holds(header):
                 continue
             _, records = _read_records(segment, position, header)
             for record in records:
@@ -227,17 +269,57 @@ def _map_keys(
     return offsets, cleanable.end
 
 
-def _last_data_batches(segments: list[LogSegment], high_watermark: int) -> dict[int, int]:
+def _last_batches(
+    segments: list[LogSegment], high_watermark: int
+) -> tuple[dict[int, int], dict[int, int]]:
     """Producer id -> base offset of its last data batch below the high watermark (above
-    it, a batch may still be truncated away)."""
-    last: dict[int, int] = {}
+    it, a batch may still be truncated away), and producer id -> base offset of its last
+    marker there when that comes after its last data batch with a newer producer epoch
+    (or the producer has no data batch): the batches that hold its sequence and epoch."""
+    data: dict[int, int] = {}
+    data_epochs: dict[int, int] = {}
+    markers: dict[int, int] = {}
     for segment in segments:
         for _, header in segment.headers_from(0):
             if header.next_offset > high_watermark:
-                return last
-            if header.producer_id >= 0 and not header.is_control:
-                last[header.producer_id] = header.base_offset
-    return last
+                return data, markers
+            producer_id = header.producer_id
+            if producer_id < 0:
+                continue
+            if not header.is_control:
+                data[producer_id] = header.base_offset
+                data_epochs[producer_id] = header.producer_epoch
+                markers.pop(producer_id, None)
+            elif header.producer_epoch > data_epochs.get(producer_id, -1):
+                markers[producer_id] = header.base_offset
+            else:
+                markers.pop(producer_id, None)
+    return data, markers
+
+
+class _AbortedRanges:
+    """The aborted transactions of the range a pass cleans, as producer id -> the offsets
+    [first batch, ABORT marker] of each of its aborted transactions, in offset order (a
+    producer has one transaction open at a time, so its ranges never overlap)."""
+
+    def __init__(self, entries: list[AbortedTxn]) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for entry in entries:
+            self._ranges.setdefault(entry.producer_id, []).append(
+                (entry.first_offset, entry.last_offset)
+            )
+        for ranges in self._ranges.values():
+            ranges.sort()
+
+    def holds(self, header: BatchHeader) -> bool:
+        """Whether a data batch belongs to an aborted transaction."""
+        if not header.is_transactional or header.is_control:
+            return False
+        ranges = self._ranges.get(header.producer_id)
+        if not ranges:
+            return False
+        at = bisect.bisect_right(ranges, header.base_offset, key=lambda r: r[0]) - 1
+        return at >= 0 and header.base_offset <= ranges[at][1]
 
 
 def _digest(key: bytes) -> bytes:
@@ -247,11 +329,23 @@ def _digest(key: bytes) -> bytes:
 # Rewriting -------------------------------------------------------------------------------
 
 
-class _Rules(NamedTuple):
+@dataclass(slots=True)
+class _Rules:
+    """What a pass keeps, and the transactions it has met so far (batches are fed to it
+    in offset order)."""
+
     offsets: dict[bytes, int]
     map_end: int
-    delete_horizon: int  # tombstones in batches older than this go
-    last_batches: dict[int, int]
+    delete_horizon: int  # tombstones and markers in batches older than this may go
+    last_data: dict[int, int]  # see _last_batches
+    last_markers: dict[int, int]
+    aborted: _AbortedRanges
+    # Producer ids whose current transaction had a batch kept by this pass, or read in
+    # the group being written (its swap has not happened yet).
+    kept_txn: set[int] = field(default_factory=set)
+    txn_in_group: set[int] = field(default_factory=set)
+    # ABORT markers the group being written drops: their index entries go before its swap.
+    forget: list[int] = field(default_factory=list)
 
     def keeps(self, header: BatchHeader, record: RawRecord) -> bool:
         if record.key is None:
@@ -268,9 +362,35 @@ class _Rules(NamedTuple):
         )
 
     def is_last_of_producer(self, header: BatchHeader) -> bool:
-        return header.producer_id >= 0 and self.last_batches.get(header.producer_id) == (
+        return header.producer_id >= 0 and self.last_data.get(header.producer_id) == (
             header.base_offset
         )
+
+    def data_batch(self, header: BatchHeader, kept: bool) -> None:
+        if header.is_transactional:
+            self.txn_in_group.add(header.producer_id)
+            if kept:
+                self.kept_txn.add(header.producer_id)
+
+    def keeps_control(self, header: BatchHeader, kind: int | None) -> bool:
+        """Whether the control batch stays (`kind`: its ControlRecordType, None without a
+        record); a dropped ABORT marker is added to `forget`."""
+        producer_id = header.producer_id
+        kept_txn = producer_id in self.kept_txn
+        in_group = producer_id in self.txn_in_group
+        self.kept_txn.discard(producer_id)
+        self.txn_in_group.discard(producer_id)
+        if (
+            kind not in (ABORT, COMMIT)
+            or kept_txn
+            or (kind == ABORT and in_group)
+            or header.max_timestamp >= self.delete_horizon
+            or self.last_markers.get(producer_id) == header.base_offset
+        ):
+            return True
+        if kind == ABORT:
+            self.forget.append(header.base_offset)
+        return False
 
 
 def _groups(segments: Segments, config: LogConfig) -> list[Segments]:
@@ -315,6 +435,7 @@ def _write_group(
         capacity=None,
         suffix=CLEANED_SUFFIX,
     )
+    rules.txn_in_group.clear()
     try:
         for segment, size in group:
             result.bytes_before += size
@@ -340,16 +461,35 @@ def _clean_batch(
 ) -> tuple[bytes, BatchHeader] | None:
     """The batch as it goes into the cleaned segment (itself, rebuilt, or empty), or None."""
     if header.is_control:
-        return segment.log.read(position, header.size), header
-    data, records = _read_records(segment, position, header)
-    kept = [record for record in records if rules.keeps(header, record)]
-    result.records_removed += len(records) - len(kept)
-    if not kept and not rules.is_last_of_producer(header):
+        raw = segment.log.read(position, header.size)
+        if rules.keeps_control(header, _control_kind(raw, header)):
+            return raw, header
+        result.records_removed += header.records_count
         return None
-    if len(kept) == len(records):
+    data: Buffer = b""
+    kept: list[RawRecord] = []
+    if rules.aborted.holds(header):
+        count = header.records_count  # no record of it is read: none stays
+    else:
+        data, records = _read_records(segment, position, header)
+        kept = [record for record in records if rules.keeps(header, record)]
+        count = len(records)
+    result.records_removed += count - len(kept)
+    if not kept and not rules.is_last_of_producer(header):
+        rules.data_batch(header, kept=False)
+        return None
+    rules.data_batch(header, kept=True)
+    if len(kept) == count:
         return segment.log.read(position, header.size), header
     rebuilt = _rebuild(header, data, kept)
     return rebuilt, read_header(rebuilt)
+
+
+def _control_kind(raw: bytes, header: BatchHeader) -> int | None:
+    """The ControlRecordType of the control batch `raw`; None when it has no record."""
+    for record in decode_records(raw, 0, header):
+        return control_type(record.key)
+    return None
 
 
 def _read_records(
@@ -390,9 +530,6 @@ def _rebuild(header: BatchHeader, data: Buffer, kept: list[RawRecord]) -> bytes:
         max_timestamp=max_timestamp,
     )
     return fields + payload
-
-
-# The produce path ------------------------------------------------------------------------
 
 
 # The checkpoint --------------------------------------------------------------------------

@@ -76,7 +76,12 @@ from services.broker.storage.leader_epochs import (
 )
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.log_layout import LogLayout
-from services.broker.storage.markers import ABORT, build_marker, control_type
+from services.broker.storage.markers import (
+    ABORT,
+    build_marker,
+    control_type,
+    marker_coordinator_epoch,
+)
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
     PRODUCER_ID_EXPIRATION_MS,
@@ -482,6 +487,14 @@ class PartitionLog:
         with self._lock:
             return self.aborted.collect(fetch_offset, upper_offset)
 
+    def forget_aborted(self, marker_offsets: list[int]) -> None:
+        """Drop, durably, the index entries of these ABORT markers: the log cleaner removes
+        the markers next, every batch of their transactions being gone already. A
+        read_committed fetch must not name a transaction whose marker it cannot meet: the
+        consumer would skip that producer's later transactions too."""
+        with self._lock:
+            self.aborted.remove(set(marker_offsets))
+
     def _index_aborted(self, data: Buffer | None) -> None:
         """Index the aborted transactions among those the batches just applied ended
         (`data`: those batches; None: read each marker back from the log)."""
@@ -805,9 +818,12 @@ class PartitionLog:
         # The index entries of the markers replayed below are made again by the replay.
         self.aborted.truncate_to(0 if restored is None else restored)
         for header in self._batch_headers_from(0 if restored is None else restored):
-            self.producers.update(header)
-            if header.is_control:
-                self._index_aborted(None)
+            if header.is_control and header.producer_id >= 0:
+                data = self.read(header.base_offset, header.size).records.read()
+                self.producers.update(header, _marker_epoch(data, header.base_offset))
+                self._index_aborted(data)
+            else:
+                self.producers.update(header)
         self.producers.drop_before(self.log_start_offset)
         self.producers.expire(self._clock())
 
@@ -1389,6 +1405,14 @@ def _marker_type(data: Buffer, offset: int) -> int | None:
         if header.base_offset == offset and header.is_control:
             for record in decode_records(data, position, header):
                 return control_type(record.key)
+    return None
+
+
+def _marker_epoch(data: Buffer, offset: int) -> int | None:
+    """The coordinator epoch of the marker at `offset` in `data`, if it is there."""
+    for position, header in iter_batches(data):
+        if header.base_offset == offset and header.is_control:
+            return marker_coordinator_epoch(data, position)
     return None
 
 

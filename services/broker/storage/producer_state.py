@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms, a broker setting
 BATCHES_PER_PRODUCER = 5  # Kafka's ProducerStateEntry.NumBatchesToRetain
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 2  # 2 adds each producer's open transaction; 1 is still read
+# 2 adds each producer's open transaction, 3 its coordinator epoch; 1 and 2 are still read
+SNAPSHOT_VERSION = 3
 SNAPSHOTS_KEPT = 2  # newest snapshots kept, besides the one a crash recovery may need
 
 _INT32_MAX = (1 << 31) - 1
@@ -61,7 +62,9 @@ assert ATTRIBUTES_AT + _ATTRIBUTES_AND_PRODUCER.size == _PRODUCER_ID_AT + _PRODU
 _SNAPSHOT_HEADER = struct.Struct(">hIqi")  # version, crc, offset, producer count
 _CRC_FROM = 6  # the CRC32C covers every byte after the crc field
 _SNAPSHOT_ENTRY_V1 = struct.Struct(">qhqb")  # producer id, epoch, last timestamp, batch count
-_SNAPSHOT_ENTRY = struct.Struct(">qhqbq")  # v2: and the open transaction's first offset
+_SNAPSHOT_ENTRY_V2 = struct.Struct(">qhqbq")  # and the open transaction's first offset
+_SNAPSHOT_ENTRY = struct.Struct(">qhqbqi")  # v3: and the coordinator epoch of its last marker
+_SNAPSHOT_ENTRIES = {1: _SNAPSHOT_ENTRY_V1, 2: _SNAPSHOT_ENTRY_V2, 3: _SNAPSHOT_ENTRY}
 _SNAPSHOT_BATCH = struct.Struct(">iiqqq")  # first/last sequence, first/last offset, max ts
 
 
@@ -85,9 +88,9 @@ class ProducerEntry:
     # Offset of its open transaction's first batch here (KIP-98), -1 when none is open:
     # the last stable offset stays at or below it until the transaction's marker.
     txn_first_offset: int = -1
-    # The coordinator epoch of its latest marker here (-1: none seen since this broker
-    # loaded the partition; snapshots do not keep it): a marker from an older one is a
-    # fenced coordinator's.
+    # The coordinator epoch of its latest marker here (-1: none seen, or only before a
+    # version 1 or 2 snapshot): a marker from an older one is a fenced coordinator's.
+    # Snapshots keep it and the replay after one reads it from each marker.
     coordinator_epoch: int = -1
 
     @property
@@ -277,8 +280,9 @@ class ProducerStateManager:
                 marker_coordinator_epoch(buf, position) if attributes & CONTROL_FLAG else None,
             )
 
-    def update(self, header: BatchHeader) -> None:
-        """Apply one batch of the log, read back by its header (loading and truncation)."""
+    def update(self, header: BatchHeader, coordinator_epoch: int | None = None) -> None:
+        """Apply one batch of the log, read back by its header (loading and truncation);
+        `coordinator_epoch`: a marker's, when the caller read its record."""
         if header.producer_id >= 0:
             self._replay(
                 header.producer_id,
@@ -288,6 +292,7 @@ class ProducerStateManager:
                 header.last_offset,
                 header.max_timestamp,
                 header.attributes,
+                coordinator_epoch,
             )
 
     def _replay(
@@ -366,6 +371,7 @@ class ProducerStateManager:
                 entry.last_timestamp,
                 len(entry.batches),
                 entry.txn_first_offset,
+                entry.coordinator_epoch,
             )
             for batch in entry.batches:
                 body += _SNAPSHOT_BATCH.pack(*batch)
@@ -427,9 +433,9 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
     if len(data) < _SNAPSHOT_HEADER.size:
         raise ValueError(f"{len(data)} bytes, shorter than the {_SNAPSHOT_HEADER.size}-byte header")
     version, crc, stored_offset, count = _SNAPSHOT_HEADER.unpack_from(data)
-    if version not in (1, SNAPSHOT_VERSION):
+    layout = _SNAPSHOT_ENTRIES.get(version)
+    if layout is None:
         raise ValueError(f"unknown version {version}")
-    layout = _SNAPSHOT_ENTRY if version == SNAPSHOT_VERSION else _SNAPSHOT_ENTRY_V1
     computed = crc32c(memoryview(data)[_CRC_FROM:])
     if computed != crc:
         raise ValueError(f"CRC32C is {computed:#010x}, header says {crc:#010x}")
@@ -440,8 +446,8 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
     for _ in range(count):
         if position + layout.size > len(data):
             raise ValueError(f"ends inside the entry at byte {position}")
-        producer_id, epoch, last_timestamp, batch_count, *txn = layout.unpack_from(data, position)
-        txn_first_offset = txn[0] if txn else -1
+        producer_id, epoch, last_timestamp, batch_count, *later = layout.unpack_from(data, position)
+        txn_first_offset, coordinator_epoch = [*later, -1, -1][:2]  # what older versions lack
         position += layout.size
         if producer_id < 0 or producer_id in producers:
             raise ValueError(f"producer id {producer_id} is negative or repeated")
@@ -459,7 +465,11 @@ def _decode_snapshot(offset: int, data: bytes) -> dict[int, ProducerEntry]:
             raise ValueError(f"producer id {producer_id}: batch offsets outside [0, {offset})")
         if not -1 <= txn_first_offset < offset:
             raise ValueError(f"producer id {producer_id}: open transaction at {txn_first_offset}")
-        producers[producer_id] = ProducerEntry(epoch, last_timestamp, batches, txn_first_offset)
+        if coordinator_epoch < -1:
+            raise ValueError(f"producer id {producer_id}: coordinator epoch {coordinator_epoch}")
+        producers[producer_id] = ProducerEntry(
+            epoch, last_timestamp, batches, txn_first_offset, coordinator_epoch
+        )
     if position != len(data):
         raise ValueError(f"{len(data) - position} bytes after the last of {count} entries")
     return producers

@@ -74,6 +74,12 @@ class AbortedTxnIndex:
         if drop:
             self._rewrite(self.entries[drop:])
 
+    def remove(self, marker_offsets: set[int]) -> None:
+        """Drop the entries of these ABORT markers (the log cleaner removes the markers)."""
+        kept = [entry for entry in self.entries if entry.last_offset not in marker_offsets]
+        if len(kept) < len(self.entries):
+            self._rewrite(kept)
+
     def clear(self) -> None:
         self._rewrite([])
 
