@@ -6,7 +6,9 @@ fetching: group membership and rebalances, committed offsets, watermarks, metada
 and an RdmaConsumer on the loop thread reads it one-sidedly from the leader's segments
 (``rdma.read.size`` bytes per READ, 2 KiB by default); ``poll``/``consume`` hand out its
 records as real confluent_kafka.Message objects, and the offsets handed out are stored and
-committed through librdkafka as its own would be. When leadership moves, the reader finds
+committed through librdkafka as its own would be. ``isolation.level`` applies to both
+paths: read_committed (librdkafka's default) RDMA readers return only committed and
+non-transactional records, as librdkafka does. When leadership moves, the reader finds
 the new leader and goes on over RDMA; a partition whose leader refuses RDMA access (or
 none answers for FOLLOW_SECONDS) is resumed in librdkafka and read over TCP from the same
 offset.
@@ -65,6 +67,8 @@ class Consumer:
         self._rdma = RdmaConfig.take(config)
         self._auto_store = _flag(config.get("enable.auto.offset.store", True))
         self._reset = str(config.get("auto.offset.reset", "latest"))
+        # librdkafka's key and default; librdkafka refuses other values when it is made.
+        self._isolation = str(config.get("isolation.level", "read_committed"))
         self._timeout = float(config.get("socket.timeout.ms", 60000)) / 1000
         # librdkafka's rule: a cooperative assignor makes the whole group's protocol so.
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
@@ -437,6 +441,7 @@ class Consumer:
             offset,
             provider=self._rdma.provider,
             read_size=self._rdma.read_size,
+            isolation_level=self._isolation,
         )
         await rdma.start()
         return rdma

@@ -9,6 +9,17 @@ readable end. Only whole, CRC-checked batches are decoded; a partial batch stays
 read buffer until its last byte is read. When a sealed segment is read to its end the
 consumer asks for the next one and releases the finished one.
 
+A read_committed consumer (``isolation_level="read_committed"``, Kafka's
+``isolation.level``) is granted only what lies below the last stable offset, where every
+transaction is decided, and decides each transactional batch itself, one-sidedly as the
+rest: it holds a producer's transactional records until it reads that producer's next
+control batch, then returns them (COMMIT) or drops them (ABORT); records after a held one
+wait behind it, so records come out in offset order, and control batches never do. A marker
+always follows a transactional batch below the last stable offset (the cleaner keeps a
+marker while any batch of its transaction remains), though it may lie above it while an
+older transaction is still open: the held records then wait for that one to be decided.
+What is held is at most the log between a transaction's first batch and its marker.
+
 A consumer made with ``batches=True`` hands out those batches as they are stored
 (``poll_batches``) instead of decoding them: a reader that turns record bytes into columns
 itself (directlog.spark) makes no Python object per record.
@@ -24,6 +35,7 @@ RdmaConsumeError.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -35,6 +47,8 @@ from directlog.protocol.rdma_consume import (
     ACCESS,
     NEW_CONSUMER,
     NO_SLOT,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
     RELEASE,
     SLOT_SIZE,
     RdmaConsumeRequest,
@@ -61,13 +75,14 @@ from directlog.rdma import (
 from directlog.records.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
+    BatchHeader,
     Record,
     decode_records,
     peek_offset_and_size,
     read_header,
     verify_crc,
 )
-from directlog.records.errors import RecordError
+from directlog.records.errors import CorruptRecordError, RecordError
 
 SPIN_SECONDS = 0.0005  # a READ usually completes this soon: poll before parking a thread
 IDLE_SECONDS = 0.001  # between slot READs while nothing new is readable
@@ -75,6 +90,10 @@ TORN_RETRIES = 64  # slot READs that overlapped the broker's update, in a row, a
 MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in between
 BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
 T = TypeVar("T", list[Record], bytes | bytearray)
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
+ABORT, COMMIT = 0, 1  # a transaction marker's ControlRecordType (KIP-98)
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+DECIDED = -1  # the producer id of held records whose fate is known
 
 
 # The leader moved (or is moving): another broker serves the partition now.
@@ -109,7 +128,10 @@ class RdmaConsumer:
     """Reads ``topic``-``partition`` from ``offset`` on through its leader at ``leader``
     ("host:port"). ``poll`` returns records (absolute offsets) in order, each once; with
     ``batches=True``, ``poll_batches`` returns the record batches holding them instead.
-    ``max_poll_bytes`` bounds the bytes one poll reads."""
+    ``max_poll_bytes`` bounds the bytes one poll reads. ``isolation_level``:
+    read_uncommitted (every record below the high watermark) or read_committed (only
+    committed and non-transactional records, below the last stable offset; not with
+    ``batches=True``, which hands out batches as stored)."""
 
     def __init__(
         self,
@@ -124,9 +146,21 @@ class RdmaConsumer:
         timeout: float = 10.0,
         client_id: str = "directlog-rdma-consumer",
         batches: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> None:
         if read_size < LOG_OVERHEAD or max_poll_bytes < read_size:
             raise ValueError("read_size must be >= 12 and max_poll_bytes >= read_size")
+        isolation = ISOLATION_LEVELS.get(isolation_level)
+        if isolation is None:
+            raise ValueError(f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}")
+        if batches and isolation == READ_COMMITTED:
+            raise ValueError("batches=True hands out stored batches: it reads uncommitted")
+        self._isolation = isolation
+        # read_committed: records decoded behind an undecided transactional batch, in
+        # offset order, each run as (producer id, or DECIDED; first offset; records), and
+        # the producers whose held records wait for their marker.
+        self._held: list[tuple[int, int, list[Record]]] = []
+        self._undecided: set[int] = set()
         host, _, port = leader.rpartition(":")
         self._host, self._port = host, int(port)
         self.topic, self.partition = topic, partition
@@ -186,10 +220,13 @@ class RdmaConsumer:
     @property
     def position(self) -> int:
         """The offset of the next record ``poll`` returns (with batches=True: the first
-        offset ``poll_batches`` has not handed out)."""
+        offset ``poll_batches`` has not handed out). A consumer started there reads on
+        exactly where this one would (read_committed: from the first record held)."""
         if self._batches:
             return self._handed
-        return self._ready[0].offset if self._ready else self._decoded
+        if self._ready:
+            return self._ready[0].offset
+        return self._held[0][1] if self._held else self._decoded
 
     @property
     def readable_end(self) -> int:
@@ -341,9 +378,12 @@ class RdmaConsumer:
                         batch_at = (header.base_offset, header.next_offset, len(self._stored))
                         self._stored_batches.append(batch_at)
                         self._stored += view[position : position + size]
-                elif not header.is_control:
-                    batch = decode_records(view, position, header)
-                    self._ready += (r for r in batch if r.offset >= self._decoded)
+                elif header.next_offset > self._decoded:
+                    if self._isolation == READ_COMMITTED:
+                        self._take_committed(view, position, header)
+                    elif not header.is_control:
+                        batch = decode_records(view, position, header)
+                        self._ready += (r for r in batch if r.offset >= self._decoded)
             except RecordError as error:
                 raise RdmaConsumeError(f"corrupt batch read over RDMA: {error}") from error
             self._decoded = max(self._decoded, header.next_offset)
@@ -352,6 +392,39 @@ class RdmaConsumer:
             left = self._filled - position
             view[:left] = view[position : self._filled]
             self._filled = left
+
+    def _take_committed(self, view: memoryview, position: int, header: BatchHeader) -> None:
+        """read_committed: return the batch's records, hold them behind what is held or
+        until their transaction is decided, or, for a marker, decide its producer's."""
+        producer_id = header.producer_id
+        if header.is_control:
+            if producer_id not in self._undecided:
+                return  # its transaction began before this consumer's start: nothing held
+            kind = _control_type(decode_records(view, position, header))
+            if kind not in (ABORT, COMMIT):
+                return  # as Kafka's consumer, a control type it does not know decides nothing
+            self._undecided.discard(producer_id)
+            self._held = [
+                (DECIDED, first, records) if held == producer_id else (held, first, records)
+                for held, first, records in self._held
+                if held != producer_id or kind == COMMIT
+            ]
+            decided = 0
+            for held, _, records in self._held:
+                if held != DECIDED:
+                    break
+                self._ready += records
+                decided += 1
+            del self._held[:decided]
+            return
+        records = [r for r in decode_records(view, position, header) if r.offset >= self._decoded]
+        if header.is_transactional:
+            self._undecided.add(producer_id)
+            self._held.append((producer_id, max(header.base_offset, self._decoded), records))
+        elif self._held:
+            self._held.append((DECIDED, max(header.base_offset, self._decoded), records))
+        else:
+            self._ready += records
 
     async def _read_slot(self) -> Slot:
         grant = self._grant
@@ -460,6 +533,7 @@ class RdmaConsumer:
                 self._consumer_id,
                 offset,
                 tuple(resolve_provider(self._provider).split("+")),
+                self._isolation,
             )
         )
         if grant.error_code != ErrorCode.NONE:
@@ -522,3 +596,15 @@ class RdmaConsumer:
         traceback: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _control_type(records: list[Record]) -> int:
+    """The ControlRecordType of a control batch's record (its key: int16 version, int16
+    type); a key too short or of a negative version is corrupt."""
+    key = records[0].key if records else None
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(f"control record key of {0 if key is None else len(key)} bytes")
+    version, kind = _CONTROL_KEY.unpack_from(key)
+    if version < 0:
+        raise CorruptRecordError(f"control record key version {version}")
+    return int(kind)

@@ -20,6 +20,7 @@ from directlog.protocol.produce import decode_produce_request
 from directlog.protocol.rdma_access import API_KEY as RDMA_ACCESS_KEY
 from directlog.protocol.rdma_access import RdmaAccessRequest, RdmaAccessResponse, decode_request
 from directlog.protocol.rdma_consume import API_KEY as RDMA_CONSUME_KEY
+from directlog.protocol.rdma_consume import MAX_VERSION as RDMA_CONSUME_MAX_VERSION
 from directlog.protocol.rdma_consume import RdmaConsumeRequest, RdmaConsumeResponse
 from directlog.protocol.rdma_consume import decode_request as decode_consume_request
 from directlog.protocol.rdma_replica import API_KEY as RDMA_REPLICA_KEY
@@ -327,7 +328,7 @@ APIS: dict[int, Api] = {
             RdmaConsumeRequest,
             RdmaConsumeResponse,
             0,
-            0,
+            RDMA_CONSUME_MAX_VERSION,
             decode_consume_request,
         ),
         Api(

@@ -42,10 +42,14 @@ def encode_providers(providers: tuple[str, ...]) -> bytes:
     )
 
 
-def request_frame(api_key: int, correlation_id: int, client_id: str, body: bytes) -> bytes:
-    """The size-prefixed request as a client sends it (request header v1, version 0)."""
+def request_frame(
+    api_key: int, correlation_id: int, client_id: str, body: bytes, version: int = 0
+) -> bytes:
+    """The size-prefixed request as a client sends it (request header v1)."""
     frame = (
-        _HEADER.pack(api_key, 0, correlation_id) + encode_string(client_id, MAX_CLIENT_ID) + body
+        _HEADER.pack(api_key, version, correlation_id)
+        + encode_string(client_id, MAX_CLIENT_ID)
+        + body
     )
     return len(frame).to_bytes(4, "big") + frame
 

@@ -1,7 +1,9 @@
-"""RdmaConsume (Directlog API key 10001, version 0): a consumer asks a partition's leader
-for RDMA read access to the segment holding an offset, or releases a segment it finished,
-as in KafkaDirect §4.4.2. Written by hand, byte by byte in docs/formats.md ("RDMA
+"""RdmaConsume (Directlog API key 10001, versions 0-1): a consumer asks a partition's
+leader for RDMA read access to the segment holding an offset, or releases a segment it
+finished, as in KafkaDirect §4.4.2. Written by hand, byte by byte in docs/formats.md ("RDMA
 consume"); classic (non-flexible) encoding, big-endian, like RdmaAccess (key 10000).
+Version 1 adds the consumer's isolation level (Kafka's Fetch isolation_level values); a v0
+consumer reads uncommitted. The response is the same in both versions.
 
 The metadata slot the broker keeps for each mutable segment a consumer reads is defined
 here too (``Slot``), since broker and client must agree on it to the byte. Every length is
@@ -30,11 +32,14 @@ from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
 API_KEY = 10001
+MAX_VERSION = 1
 ACCESS, RELEASE = 1, 2
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1  # isolation levels, as in Kafka's Fetch (v4+)
 NEW_CONSUMER = 0  # the consumer id of a first access: the broker assigns one
 NO_SLOT = -1
 
 _REQUEST_FIXED = struct.Struct(">ibiq")  # partition, op, consumer id, offset
+_ISOLATION = struct.Struct(">b")  # v1: after the providers
 # consumer id, base offset, addr, rkey, length, position, readable end, mutable,
 # slot region addr/rkey/length, slot index, bind addr/rkey
 _RESPONSE_FIXED = struct.Struct(">iqQIIIIbQIIiQI")
@@ -44,7 +49,9 @@ _RESPONSE_FIXED = struct.Struct(">iqQIIIIbQIIiQI")
 class RdmaConsumeRequest:
     """ACCESS: the segment holding ``offset``. RELEASE: give back the segment whose base
     offset is ``offset``. ``consumer_id`` names the consumer's slot region (NEW_CONSUMER on
-    its first access)."""
+    its first access). ``isolation_level`` (v1): READ_COMMITTED bounds what the consumer
+    may read by the last stable offset; the broker refuses any other value than the two
+    (decoding keeps it, so the answer can say so)."""
 
     topic: str
     partition: int
@@ -52,16 +59,30 @@ class RdmaConsumeRequest:
     consumer_id: int
     offset: int
     providers: tuple[str, ...] = ()
+    isolation_level: int = READ_UNCOMMITTED
 
     @staticmethod
     def flexible_version_q(version: int) -> bool:
-        """What the request header parser asks of every API: v0 is classic."""
+        """What the request header parser asks of every API: every version is classic."""
         return False
 
-    def encode(self) -> bytes:
+    @property
+    def version(self) -> int:
+        """The lowest version that carries this request: v0 cannot say read_committed."""
+        return 0 if self.isolation_level == READ_UNCOMMITTED else 1
+
+    def encode(self, version: int | None = None) -> bytes:
+        """The body in ``version`` (by default ``self.version``)."""
+        version = self.version if version is None else version
+        if not 0 <= version <= MAX_VERSION:
+            raise ValueError(f"RdmaConsume v{version} is not defined")
+        if version < self.version:
+            raise ValueError(f"RdmaConsume v{version} has no isolation level")
         out = bytearray(encode_string(self.topic, MAX_TOPIC))
         out += _REQUEST_FIXED.pack(self.partition, self.op, self.consumer_id, self.offset)
         out += encode_providers(self.providers)
+        if version >= 1:
+            out += _ISOLATION.pack(self.isolation_level)
         return bytes(out)
 
 
@@ -116,14 +137,15 @@ class RdmaConsumeResponse:
 
 
 def decode_request(body: Buffer, version: int = 0) -> RdmaConsumeRequest:
-    if version != 0:
+    if not 0 <= version <= MAX_VERSION:
         raise CorruptRecordError(f"RdmaConsume v{version} is not defined")
     reader = Reader(body, "RdmaConsume")
     topic = reader.string(MAX_TOPIC)
     partition, op, consumer_id, offset = reader.fixed(_REQUEST_FIXED)
     providers = reader.providers()
+    (isolation_level,) = reader.fixed(_ISOLATION) if version >= 1 else (READ_UNCOMMITTED,)
     reader.end()
-    return RdmaConsumeRequest(topic, partition, op, consumer_id, offset, providers)
+    return RdmaConsumeRequest(topic, partition, op, consumer_id, offset, providers, isolation_level)
 
 
 def decode_response(body: Buffer) -> RdmaConsumeResponse:
@@ -159,8 +181,11 @@ def decode_response(body: Buffer) -> RdmaConsumeResponse:
 
 
 def request_frame(request: RdmaConsumeRequest, correlation_id: int, client_id: str) -> bytes:
-    """The size-prefixed request as a client sends it (request header v1)."""
-    return rdma_codec.request_frame(API_KEY, correlation_id, client_id, request.encode())
+    """The size-prefixed request as a client sends it (request header v1), in the lowest
+    version that carries it, so a read_uncommitted consumer works with any broker."""
+    version = request.version
+    body = request.encode(version)
+    return rdma_codec.request_frame(API_KEY, correlation_id, client_id, body, version)
 
 
 def decode_response_frame(frame: Buffer, correlation_id: int) -> RdmaConsumeResponse:
@@ -179,7 +204,8 @@ assert SLOT_SIZE == 48
 
 class Slot(NamedTuple):
     """What the broker says of one segment a consumer reads: bytes before
-    ``readable_end`` are readable (whole batches, all below the high watermark) through
+    ``readable_end`` are readable (whole batches, all below the high watermark, and for a
+    read_committed consumer below the last stable offset) through
     ``addr``/``rkey`` (``length`` bytes registered; a segment sealed by a roll is
     registered anew at its final size). MUTABLE: readable_end may still grow. REVOKED:
     the access ended (leadership moved, the segment was deleted); ask again. A named

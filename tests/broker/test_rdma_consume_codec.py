@@ -1,9 +1,11 @@
 """The RdmaConsume codec and metadata slots (docs/formats.md "RDMA consume"): slots
-survive a round trip, the bytes are the documented ones, and a torn slot never passes its
-check (the codec's round trips and garbage: the strategies here, the properties in
-test_rdma_codecs.py)."""
+survive a round trip, the bytes are the documented ones, v1 carries the isolation level
+(v0 reads uncommitted), and a torn slot never passes its check (the codec's v0 round trips
+and garbage: the strategies here, the properties in test_rdma_codecs.py)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import given
@@ -14,7 +16,10 @@ from directlog.protocol.rdma_codec import MAX_PROVIDERS
 from directlog.protocol.rdma_consume import (
     ACCESS,
     API_KEY,
+    MAX_VERSION,
     MUTABLE,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
     RELEASE,
     REVOKED,
     SLOT_SIZE,
@@ -141,7 +146,9 @@ def test_frame_goes_through_the_broker_header_parser() -> None:
 
 def test_unknown_version_and_too_many_providers_are_refused() -> None:
     with pytest.raises(CorruptRecordError):
-        decode_request(RdmaConsumeRequest("t", 0, ACCESS, 0, 0).encode(), 1)
+        decode_request(RdmaConsumeRequest("t", 0, ACCESS, 0, 0).encode(1), 2)
+    with pytest.raises(CorruptRecordError):
+        decode_request(RdmaConsumeRequest("t", 0, ACCESS, 0, 0).encode(1), -1)
     encoded = bytearray(RdmaConsumeRequest("t", 0, ACCESS, 0, 0).encode())
     encoded[-2:] = (MAX_PROVIDERS + 1).to_bytes(2, "big")
     with pytest.raises(CorruptRecordError):
@@ -185,3 +192,64 @@ def test_a_torn_slot_fails_its_check(old: Slot, new: Slot, split: int) -> None:
 def test_slot_outside_the_buffer_is_refused() -> None:
     with pytest.raises(CorruptRecordError):
         read_slot(bytes(SLOT_SIZE), 1)
+
+
+# Version 1: the isolation level ----------------------------------------------------------
+
+isolated_requests = st.builds(dataclasses.replace, requests, isolation_level=st.integers(-128, 127))
+
+
+@given(isolated_requests)
+def test_v1_round_trips_with_any_isolation_byte(request: RdmaConsumeRequest) -> None:
+    """Any byte decodes as it was sent: the broker, not the codec, refuses a level it does
+    not know, so the client gets INVALID_REQUEST rather than a closed connection."""
+    encoded = request.encode(1)
+    assert decode_request(memoryview(encoded), 1) == request
+    with pytest.raises(CorruptRecordError):
+        decode_request(encoded[:-1], 1)
+    with pytest.raises(CorruptRecordError):
+        decode_request(encoded + b"\x00", 1)
+
+
+@given(requests)
+def test_v0_is_read_uncommitted_and_v1_adds_one_byte(request: RdmaConsumeRequest) -> None:
+    assert request.isolation_level == READ_UNCOMMITTED and request.version == 0
+    assert request.encode() == request.encode(0)
+    assert request.encode(1) == request.encode(0) + b"\x00"
+    assert decode_request(request.encode(0), 0).isolation_level == READ_UNCOMMITTED
+
+
+def test_documented_v1_request_bytes() -> None:
+    request = RdmaConsumeRequest("t", 3, ACCESS, 0x01020304, 100, ("shm",), READ_COMMITTED)
+    assert request.version == 1
+    assert request.encode() == (
+        b"\x00\x01t"  # topic
+        + b"\x00\x00\x00\x03"  # partition
+        + b"\x01"  # op: access
+        + b"\x01\x02\x03\x04"  # consumer id
+        + b"\x00\x00\x00\x00\x00\x00\x00\x64"  # offset
+        + b"\x00\x01\x00\x03shm"  # providers
+        + b"\x01"  # isolation level: read_committed
+    )
+
+
+def test_read_committed_cannot_be_said_in_v0() -> None:
+    request = RdmaConsumeRequest("t", 0, ACCESS, 0, 0, (), READ_COMMITTED)
+    with pytest.raises(ValueError):
+        request.encode(0)
+    with pytest.raises(ValueError):
+        request.encode(MAX_VERSION + 1)
+
+
+def test_v1_frame_goes_through_the_broker_header_parser() -> None:
+    """A read_committed request is framed as v1, which the broker serves and decodes; a
+    read_uncommitted one stays v0, so it works with a broker that serves only v0."""
+    api = APIS[ApiKey.RDMA_CONSUME]
+    assert (api.min_version, api.max_version) == (0, MAX_VERSION) == (0, 1)
+    committed = RdmaConsumeRequest("t", 0, ACCESS, 0, 5, ("tcp",), READ_COMMITTED)
+    frame = request_frame(committed, 42, "me")
+    header = parse_request_header(frame[4:])
+    assert (header.api_key, header.api_version, header.correlation_id) == (API_KEY, 1, 42)
+    assert api.decode(memoryview(frame[4:])[header.size :], 1) == committed
+    plain = request_frame(RdmaConsumeRequest("t", 0, ACCESS, 0, 5, ("tcp",)), 43, "me")
+    assert parse_request_header(plain[4:]).api_version == 0

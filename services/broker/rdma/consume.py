@@ -10,10 +10,18 @@ sealed one the high watermark has not passed yet) the consumer also gets a slot 
 slot region: one contiguous REMOTE_READ region per consumer, lowest free slots first, so a
 consumer reads all its slots with one READ. The broker rewrites a segment's slots whenever
 the high watermark moves (the readable end is the end of the last batch below it, never
-further), when the head rolls (the sealed file is registered anew at its final size before
-the log gives back its preallocated tail, so no registration ever covers bytes past the end
-of a file) and when access ends (REVOKED: leadership moved, the segment was deleted or
-cut).
+further; for a read_committed consumer, below the last stable offset too), when the head
+rolls (the sealed file is registered anew at its final size before the log gives back its
+preallocated tail, so no registration ever covers bytes past the end of a file) and when
+access ends (REVOKED: leadership moved, the segment was deleted or cut).
+
+A read_committed consumer (RdmaConsume v1) reads only below the last stable offset. That
+offset moves only when the high watermark does: a transaction stops holding it back once
+the high watermark passes its marker (ProducerStateManager.first_unstable_offset), and a
+marker, written by the coordinator on commit, abort or timeout, moves the high watermark
+through Partition.appended like any append. So the high watermark listener rewrites those
+slots too. Dropping aborted records is the consumer's part (directlog/client/rdma_consume.py):
+everything below the last stable offset belongs to decided transactions.
 
 A consumer's queue pair names its consumer id once (WRITE_WITH_IMM into a scratch word,
 immediate = id); when that queue pair fails or disconnects, or none names the id in time,
@@ -47,6 +55,8 @@ from directlog.protocol.rdma_consume import (
     MUTABLE,
     NEW_CONSUMER,
     NO_SLOT,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
     RELEASE,
     REVOKED,
     SLOT_SIZE,
@@ -84,6 +94,12 @@ BIND_BYTES = 8
 ID_BITS = 31
 
 
+def readable_bound(plog: PartitionLog, committed: bool) -> int:
+    """The offset a consumer reads below: the high watermark, or for read_committed the
+    last stable offset (never above the high watermark)."""
+    return plog.last_stable_offset if committed else plog.high_watermark
+
+
 @dataclass(eq=False, slots=True)
 class SegmentAccess:
     """One registration of a segment file, shared by the consumers in ``holders``."""
@@ -100,19 +116,19 @@ class SegmentAccess:
     def key(self) -> tuple[TopicPartition, int]:
         return self.tp, self.segment.base_offset
 
-    def readable_end(self) -> int:
-        """End of the last whole batch below the high watermark in this segment."""
-        segment, high_watermark = self.segment, self.plog.high_watermark
-        if high_watermark >= segment.next_offset:
+    def readable_end(self, committed: bool) -> int:
+        """End of the last whole batch below ``readable_bound`` in this segment."""
+        segment, bound = self.segment, readable_bound(self.plog, committed)
+        if bound >= segment.next_offset:
             return segment.size
-        if high_watermark <= segment.base_offset:
+        if bound <= segment.base_offset:
             return 0
-        found = segment.locate(high_watermark)
+        found = segment.locate(bound)
         return segment.size if found is None else found[0]
 
-    def complete(self) -> bool:
-        """Sealed, and the high watermark passed its end: nothing more will be readable."""
-        return not self.mutable and self.plog.high_watermark >= self.segment.next_offset
+    def complete(self, committed: bool) -> bool:
+        """Sealed, and ``readable_bound`` passed its end: nothing more will be readable."""
+        return not self.mutable and readable_bound(self.plog, committed) >= self.segment.next_offset
 
 
 @dataclass(eq=False, slots=True)
@@ -126,6 +142,7 @@ class Holding:
 class Consumer:
     consumer_id: int
     slots: MemoryRegion
+    committed: bool  # read_committed: it reads below the last stable offset only
     versions: list[int] = field(default_factory=lambda: [0] * SLOTS_PER_CONSUMER)
     free: set[int] = field(default_factory=lambda: set(range(SLOTS_PER_CONSUMER)))
     holdings: dict[tuple[TopicPartition, int], Holding] = field(default_factory=dict)
@@ -186,6 +203,11 @@ class RdmaConsume:
         raise KafkaError(ErrorCode.INVALID_REQUEST, f"RdmaConsume op {request.op}")
 
     def _access(self, request: RdmaConsumeRequest) -> RdmaConsumeResponse:
+        if request.isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST, f"unknown isolation level {request.isolation_level}"
+            )
+        committed = request.isolation_level == READ_COMMITTED
         offered = self._listener.conn_info.providers
         if not set(request.providers) & set(offered):
             raise KafkaError(
@@ -194,11 +216,16 @@ class RdmaConsume:
             )
         partition = self.replicas.leader_partition(request.topic, request.partition)
         created = request.consumer_id == NEW_CONSUMER
-        consumer = self._new_consumer() if created else self._consumer(request.consumer_id)
+        consumer = self._new_consumer(committed) if created else self._consumer(request.consumer_id)
         if consumer.session is not None and consumer.session is not SESSION.get():
             raise KafkaError(
                 ErrorCode.UNKNOWN_MEMBER_ID,
                 f"RDMA consumer {consumer.consumer_id} belongs to another session",
+            )
+        if consumer.committed != committed:
+            raise KafkaError(
+                ErrorCode.INVALID_REQUEST,
+                f"RDMA consumer {consumer.consumer_id} has another isolation level",
             )
         try:
             holding, position = self._grant(consumer, partition, request.offset)
@@ -217,8 +244,8 @@ class RdmaConsume:
             access.region.rkey,
             access.region.length,
             position,
-            access.readable_end(),
-            not access.complete(),
+            access.readable_end(consumer.committed),
+            not access.complete(consumer.committed),
             consumer.slots.addr,
             consumer.slots.rkey,
             consumer.slots.length,
@@ -256,7 +283,7 @@ class RdmaConsume:
             if not holding.access.revoked and holding.access.segment is segment:
                 return holding, position
             self._release_holding(holding)  # revoked, or a compacted segment replaced it
-        growing = head or plog.high_watermark < segment.next_offset
+        growing = head or readable_bound(plog, consumer.committed) < segment.next_offset
         if growing and not consumer.free:
             raise KafkaError(
                 ErrorCode.INVALID_REQUEST,
@@ -324,7 +351,7 @@ class RdmaConsume:
             )
         self._release_holding(holding)
 
-    def _new_consumer(self) -> Consumer:
+    def _new_consumer(self, committed: bool) -> Consumer:
         if len(self._consumers) >= self.settings.rdma_consume_max_consumers:
             raise KafkaError(
                 ErrorCode.POLICY_VIOLATION,
@@ -339,7 +366,7 @@ class RdmaConsume:
             raise KafkaError(
                 ErrorCode.POLICY_VIOLATION, f"no slot region for a consumer: {error}"
             ) from None
-        consumer = Consumer(consumer_id, slots, session=session_holding(self.settings))
+        consumer = Consumer(consumer_id, slots, committed, session=session_holding(self.settings))
         consumer.timer = self._loop.call_later(
             self.connect_timeout, self._drop_consumer, consumer, "no queue pair named it in time"
         )
@@ -367,13 +394,20 @@ class RdmaConsume:
         slotted = [holding for holding in holders if holding.slot != NO_SLOT]
         if not slotted:
             return
-        if access.revoked:
-            flags, end = REVOKED, 0
-        else:
-            flags, end = 0 if access.complete() else MUTABLE, access.readable_end()
+        views: dict[bool, tuple[int, int]] = {}  # isolation -> flags, readable end
         region = access.region
         for holding in slotted:
             consumer = holding.consumer
+            view = views.get(consumer.committed)
+            if view is None:
+                if access.revoked:
+                    view = REVOKED, 0
+                else:
+                    committed = consumer.committed
+                    flags = 0 if access.complete(committed) else MUTABLE
+                    view = flags, access.readable_end(committed)
+                views[consumer.committed] = view
+            flags, end = view
             version = consumer.versions[holding.slot] = consumer.versions[holding.slot] + 1
             slot = Slot(
                 version,
