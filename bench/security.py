@@ -25,19 +25,28 @@ same state:
 3. The authorizer: a second cluster, the same but with `authorizer_enabled` and 10,000
    random ACLs of other principals (literal and prefixed, topics and groups, some next to
    the bench's own topic names) plus one ALLOW of WRITE on the bench topics' prefix for the
-   bench's user. The same workloads, as that user over SASL_PLAINTEXT, go to this broker
-   ("on") and to the first one ("off") in short runs that take turns, in pairs: a
+   bench's user, and a super user of its own. The same workloads go over SASL_PLAINTEXT, in
+   short runs that take turns round after round, from three sides: "acl", the bench's user
+   on the authorizer's broker, decided by its ACLs; "super", the super user on that same
+   broker and topic, let through before the ACLs or their cache are asked (one set lookup:
+   nearly a broker without checks, in the same process, heap and log); "off", the bench's
+   user on the first cluster's broker, which has no authorizer at all. The workloads: a
    producer sending every 200-byte record in its own Produce request
    (`batch.num.messages=1`, `linger.ms=0`, acks=1), then Metadata requests for the topic
-   one at a time on one connection. Per request: the client's time, the broker's CPU
-   (its process CPU-time clock, over the requests it counted) and its own latency (its
+   one at a time on one connection. Per request: the client's time, the broker's CPU (its
+   process CPU-time clock, over the requests it counted) and its own latency (its
    histogram: queueing included for the pipelined Produce requests). What the authorizer
-   adds is the median of the differences within pairs. Goal: under 5% of the request's
-   time, taken as the broker's CPU per request with the authorizer on. A user without
-   ACLs must be refused the topic on "on" and not on "off", or the bench fails. Next to
-   it, in this process, the µs per `Authorizer.authorize` call with the same ACLs, cached
-   (the same question again) and not (a name never asked before). This part runs first,
-   while both clusters are equally fresh.
+   adds is the median, over rounds, of the difference acl - super within a round, with half
+   its interquartile range as the spread. Goal, judged on that same-broker figure: under 5%
+   of the broker's CPU per request of the "acl" side, up to the upper end of the median's
+   95% confidence interval (distribution-free, from the order statistics), so that a run
+   too noisy to tell does not pass. acl - off is printed too, unjudged: it
+   compares two processes, whose differences (heaps, caches, start order) no pairing
+   cancels. A user without ACLs must be refused the topic by the authorizer and not by the
+   other broker, or the bench fails. Next to it, in this process, the µs per authorization
+   check as a request handler makes it (`Access.allowed`) with the same ACLs: cached (the
+   same question again), uncached (a name never asked before) and for the super user. This
+   part runs first, while both clusters are equally fresh.
 
 Placement, as in bench.broker: the 32 KiB throughputs, the logins and the authorizer
 workloads run with this process (Python and librdkafka's threads) on the first half of
@@ -52,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import math
 import os
 import random
 import statistics
@@ -100,6 +110,8 @@ from directlog.security.acl import (
 )
 from directlog.security.certs import CertificateAuthority
 from directlog.security.tls import TlsFiles, client_context
+from services.broker.authentication import NO_SASL, PLAINTEXT, SESSION, Session
+from services.broker.authorization import Access
 from services.broker.authorizer import Authorizer
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
@@ -114,13 +126,14 @@ with warnings.catch_warnings():  # kafka-python loads its schemas through deprec
     )
 
 MECHANISM = "SCRAM-SHA-512"
-USER, OUTSIDER, PASSWORD = "bench", "outsider", "bench-secret"
-PRINCIPAL = f"User:{USER}"
+USER, OUTSIDER, SUPER_USER, PASSWORD = "bench", "outsider", "bench-root", "bench-secret"
+PRINCIPAL, SUPER_PRINCIPAL = f"User:{USER}", f"User:{SUPER_USER}"
 ITERATIONS = 4096
 CLIENT_ID = "bench-security"
 LISTENERS = ("PLAINTEXT", "SASL_SSL", "SASL_PLAINTEXT")
 PROTOCOLS = ("PLAINTEXT", "SASL_SSL")  # compared in part 1
-SIDES = ("off", "on")  # the authorizer, part 3
+SIDES = ("off", "super", "acl")  # part 3: no authorizer; a super user; decided by ACLs
+TOPIC_SUFFIXES = ("off", "on")  # part 3's topics: on the broker without, with the authorizer
 RECORD_SIZES = {"200B": 200, "32KiB": 32 * 1024}
 DISTINCT_VALUES = 64  # values cycled through, so a run's records need no memory of their own
 PRODUCE_SMALL = {"linger.ms": 5}
@@ -141,9 +154,12 @@ AUTHORIZER_FIGURES = tuple(
     for api, client in (("produce", "us"), ("metadata", "round_trip_us"))
     for what in (client, "broker_cpu_us", "broker_latency_us")
 )
+# What the "acl" side adds, against each baseline side; the first is the judged one
+COMPARISONS = {"added": "super", "added_vs_off": "off"}
+CHECKS = ("cached", "uncached", "super")  # the in-process Access.allowed figures
 THROUGHPUT_GOAL = 0.7
 AUTHORIZER_GOAL = 0.05
-WARMUP_PAIRS = 2
+WARMUP_ROUNDS = 2
 SEED = 27
 
 
@@ -152,7 +168,7 @@ class Sizes:
     records: dict[str, int]  # per record size: records produced, then read, per round
     rounds: int  # of the throughputs and the logins
     login_seconds: float  # per login run
-    pairs: int  # authorizer runs per side and workload
+    authorizer_rounds: int  # authorizer runs per side and workload
     produce_block: int  # records (so Produce requests) per authorizer run
     metadata_block: int  # Metadata requests per authorizer run
     authorize_calls: int  # in-process, per figure
@@ -162,7 +178,7 @@ FULL = Sizes(
     records={"200B": 2_000_000, "32KiB": 60_000},
     rounds=3,
     login_seconds=5.0,
-    pairs=30,
+    authorizer_rounds=30,
     produce_block=10_000,
     metadata_block=1000,
     authorize_calls=300_000,
@@ -171,7 +187,7 @@ QUICK = Sizes(
     records={"200B": 600_000, "32KiB": 30_000},
     rounds=2,
     login_seconds=2.0,
-    pairs=12,
+    authorizer_rounds=24,
     produce_block=5000,
     metadata_block=500,
     authorize_calls=100_000,
@@ -199,7 +215,7 @@ def make_pki(directory: Path) -> TlsFiles:
 def broker_settings(pki: TlsFiles, authorizer: bool) -> dict[str, Any]:
     """Every listener the bench uses on one broker. With the authorizer, the PLAINTEXT
     listener's User:ANONYMOUS is a super user: the harness and this bench's admin calls
-    go through it."""
+    go through it; so does part 3's super user."""
     settings: dict[str, Any] = {
         **PRODUCTION_TIMEOUTS,
         "listeners": [{"name": name, "port": 0} for name in LISTENERS],
@@ -207,18 +223,19 @@ def broker_settings(pki: TlsFiles, authorizer: bool) -> dict[str, Any]:
         "sasl_enabled_mechanisms": [MECHANISM],
     }
     if authorizer:
-        settings |= {"authorizer_enabled": True, "super_users": ["User:ANONYMOUS"]}
+        settings |= {"authorizer_enabled": True, "super_users": ["User:ANONYMOUS", SUPER_PRINCIPAL]}
     return settings
 
 
-def client_config(protocol: str, pki: TlsFiles) -> dict[str, str]:
-    """confluent-kafka's settings for a listener: nothing for PLAINTEXT, else a SCRAM login."""
+def client_config(protocol: str, pki: TlsFiles, user: str = USER) -> dict[str, str]:
+    """confluent-kafka's settings for a listener: nothing for PLAINTEXT, else `user`'s SCRAM
+    login."""
     if protocol == "PLAINTEXT":
         return {}
     config = {
         "security.protocol": protocol,
         "sasl.mechanism": MECHANISM,
-        "sasl.username": USER,
+        "sasl.username": user,
         "sasl.password": PASSWORD,
     }
     if protocol == "SASL_SSL":
@@ -419,7 +436,7 @@ def random_acls(count: int, rng: random.Random) -> list[AclBinding]:
         if near and pattern == PatternType.PREFIXED:
             name = BENCH_TOPICS[: rng.randint(1, len(BENCH_TOPICS))]
         elif near:
-            name = f"{BENCH_TOPICS}{rng.choice(SIDES)}-{rng.randrange(100)}"
+            name = f"{BENCH_TOPICS}{rng.choice(TOPIC_SUFFIXES)}-{rng.randrange(100)}"
         else:
             name = f"team{rng.randrange(50)}.service{rng.randrange(200)}"
             name += "." if pattern == PatternType.PREFIXED else f".events-{rng.randrange(20)}"
@@ -475,12 +492,14 @@ def create_acls(broker: BrokerProcess, acls: list[AclBinding]) -> float:
 
 @dataclass(frozen=True)
 class Side:
-    """One broker of the comparison, "off" or "on", and its topic for the bench's user."""
+    """One side of the comparison ("off", "super" or "acl"): a broker, its topic and the
+    user who sends the requests."""
 
     name: str
     broker: BrokerProcess
     clock: CpuClock
     topic: str
+    user: str
 
     @property
     def address(self) -> str:
@@ -512,8 +531,9 @@ class Window:
 
 
 def one_by_one(side: Side, pki: TlsFiles) -> Producer:
-    """A producer for the side's topic that sends every record in its own Produce request."""
-    config = {**client_config("SASL_PLAINTEXT", pki), **PRODUCE_ONE}
+    """A producer for the side's topic, logged in as the side's user, that sends every record
+    in its own Produce request."""
+    config = {**client_config("SASL_PLAINTEXT", pki, side.user), **PRODUCE_ONE}
     producer = Producer({"bootstrap.servers": side.address, "acks": 1, **config})
     wait_for_topic(producer, side.topic)
     return producer
@@ -580,9 +600,9 @@ async def topic_error(side: Side, user: str) -> int:
 
 async def metadata_blocks(turns: list[Side], requests: int) -> list[dict[str, Any]]:
     """A run of `requests` Metadata requests for the side's topic per turn, one at a time on
-    one connection per side logged in as the bench's user; each run's round trip per request
-    and the broker's CPU and latency per request."""
-    connections = {side.name: await logged_in(side.address, USER) for side in turns}
+    one connection per side logged in as its user; each run's round trip per request and the
+    broker's CPU and latency per request."""
+    connections = {side.name: await logged_in(side.address, side.user) for side in turns}
     runs = []
     try:
         for side in turns:
@@ -608,6 +628,18 @@ async def metadata_blocks(turns: list[Side], requests: int) -> list[dict[str, An
     return runs
 
 
+def turn_order(sides: list[Side], rounds: int) -> list[Side]:
+    """Every side once per round, in an order that rotates from round to round and runs
+    backwards every other cycle of rotations, so each side runs before and after each other
+    side as often, and a slow spell of the machine falls on all of them alike."""
+    turns: list[Side] = []
+    for round_ in range(rounds):
+        shift = round_ % len(sides)
+        order = sides[shift:] + sides[:shift]
+        turns += order[::-1] if round_ // len(sides) % 2 else order
+    return turns
+
+
 def bench_authorizer(
     open_: Cluster,
     guarded: Cluster,
@@ -616,29 +648,31 @@ def bench_authorizer(
     sizes: Sizes,
     placement: Placement | None,
 ) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
-    """The workloads against the broker without the authorizer ("off") and the one with it
-    ("on"), in short runs that take turns (off, on, on, off, ...); the setup's figures and
-    every run's figures per side."""
-    brokers = (open_.brokers[0], guarded.brokers[0])
+    """The workloads from each side ("off": the broker without the authorizer; "super" and
+    "acl": the one with it, as its super user and as the bench's user), in short runs
+    that take turns round after round; the setup's figures and every counted run's figures
+    per side, in round order."""
+    plain, secured = open_.brokers[0], guarded.brokers[0]
+    plain_clock, secured_clock = CpuClock(broker_pid(plain)), CpuClock(broker_pid(secured))
+    on_topic = BENCH_TOPICS + TOPIC_SUFFIXES[1]
     sides = [
-        Side(name, broker, CpuClock(broker_pid(broker)), BENCH_TOPICS + name)
-        for name, broker in zip(SIDES, brokers, strict=True)
+        Side("off", plain, plain_clock, BENCH_TOPICS + TOPIC_SUFFIXES[0], USER),
+        Side("super", secured, secured_clock, on_topic, SUPER_USER),
+        Side("acl", secured, secured_clock, on_topic, USER),
     ]
-    add_users(sides[1].broker, USER, OUTSIDER)
-    add_users(sides[0].broker, OUTSIDER)
-    setup = {"acls": float(len(acls)), "create_acls_s": create_acls(sides[1].broker, acls)}
+    add_users(secured, USER, OUTSIDER, SUPER_USER)
+    add_users(plain, OUTSIDER)
+    setup = {"acls": float(len(acls)), "create_acls_s": create_acls(secured, acls)}
     print(f"[authorizer] {len(acls):,} ACLs created in {setup['create_acls_s']:.1f} s", flush=True)
-    for side in sides:
+    for side in sides[:2]:  # one per broker
         create_topic(side.broker.bootstrap, side.topic)
         refused = asyncio.run(topic_error(side, OUTSIDER)) == TOPIC_AUTHORIZATION_FAILED
-        if refused != (side.name == "on"):
+        if refused != (side.broker is secured):
             answered = "refused" if refused else "shown"
-            raise BenchError(f"authorizer {side.name}, yet the topic was {answered} to {OUTSIDER}")
+            raise BenchError(f"{side.broker.bootstrap}: the topic was {answered} to {OUTSIDER}")
     records = cycled(RECORD_SIZES["200B"], sizes.produce_block)
-    # Pairs of runs, off-on then on-off, so each side runs first as often as second; the
-    # first WARMUP_PAIRS pairs of each workload are not counted.
-    turns = [sides[(b + b // 2) % 2] for b in range(2 * (WARMUP_PAIRS + sizes.pairs))]
-    counted = 2 * WARMUP_PAIRS
+    turns = turn_order(sides, WARMUP_ROUNDS + sizes.authorizer_rounds)
+    counted = len(sides) * WARMUP_ROUNDS  # the first rounds of each workload warm up
     runs: dict[str, dict[str, list[float]]] = {side.name: {} for side in sides}
     placed = placement.apply(server_pids(open_, guarded)) if placement else nullcontext()
     with placed:
@@ -652,7 +686,7 @@ def bench_authorizer(
             side_runs.setdefault(key, []).append(value)
     for side in sides:
         print(
-            f"[authorizer] {side.name:3}: "
+            f"[authorizer] {side.name:5}: "
             + "  ".join(
                 f"{key} {statistics.median(values):,.1f}" for key, values in runs[side.name].items()
             ),
@@ -662,33 +696,48 @@ def bench_authorizer(
 
 
 def authorize_costs(acls: list[AclBinding], calls: int) -> dict[str, float]:
-    """µs per `Authorizer.authorize` in this process with the bench's ACLs, called as the
-    broker's Produce handler calls it: the same question again (a cache hit, what every
-    request after a connection's first asks) and one about a name never asked before (a
-    miss: the index walked, the answer cached)."""
-    authorizer = Authorizer(["User:ANONYMOUS"])
+    """µs per authorization check in this process with the bench's ACLs, made as the
+    broker's Produce handler makes it (`Access.allowed`, for the connection being served):
+    the same question again (a cache hit, what every request after a connection's first
+    asks), one about a name never asked before (a miss: the index walked, the answer
+    cached), and the super user's (let through before any ACL)."""
+    authorizer = Authorizer(["User:ANONYMOUS", SUPER_PRINCIPAL])
     start = time.perf_counter()
     authorizer.update(acls)
     update_ms = (time.perf_counter() - start) * 1e3
-    host, name = "127.0.0.1", f"{BENCH_TOPICS}on"
-    allowed = authorizer.authorize(PRINCIPAL, host, Operation.WRITE, ResourceType.TOPIC, name)
-    refused = not authorizer.authorize(
-        f"User:{OUTSIDER}", host, Operation.WRITE, ResourceType.TOPIC, name
-    )
-    if not (allowed and refused):
+    access = Access(authorizer)
+    name = BENCH_TOPICS + TOPIC_SUFFIXES[1]
+
+    def session(principal: str) -> None:
+        SESSION.set(
+            Session(
+                PLAINTEXT,
+                NO_SASL,
+                tls_subject=principal.removeprefix("User:"),
+                client_host="127.0.0.1",
+            )
+        )
+
+    def per_call(names: list[str]) -> float:
+        start = time.perf_counter()
+        for asked in names:
+            access.allowed(Operation.WRITE, ResourceType.TOPIC, asked)
+        return (time.perf_counter() - start) / len(names) * 1e6
+
+    def decided(principal: str) -> bool:
+        session(principal)
+        return access.allowed(Operation.WRITE, ResourceType.TOPIC, name)
+
+    if not (decided(PRINCIPAL) and decided(SUPER_PRINCIPAL) and not decided(f"User:{OUTSIDER}")):
         raise BenchError("the in-process authorizer decides otherwise than the broker")
-    start = time.perf_counter()
-    for _ in range(calls):
-        authorizer.authorize(PRINCIPAL, host, Operation.WRITE, ResourceType.TOPIC, name)
-    cached = (time.perf_counter() - start) / calls
-    names = [f"{BENCH_TOPICS}new-{i}" for i in range(calls)]
-    start = time.perf_counter()
-    for fresh in names:
-        authorizer.authorize(PRINCIPAL, host, Operation.WRITE, ResourceType.TOPIC, fresh)
-    uncached = (time.perf_counter() - start) / calls
+    same = [name] * calls
+    session(SUPER_PRINCIPAL)
+    super_us = per_call(same)
+    session(PRINCIPAL)
     return {
-        "authorize_cached_us": cached * 1e6,
-        "authorize_uncached_us": uncached * 1e6,
+        "authorize_cached_us": per_call(same),
+        "authorize_uncached_us": per_call([f"{BENCH_TOPICS}new-{i}" for i in range(calls)]),
+        "authorize_super_us": super_us,
         "authorizer_update_ms": update_ms,
     }
 
@@ -696,27 +745,44 @@ def authorize_costs(acls: list[AclBinding], calls: int) -> dict[str, float]:
 # --- report --------------------------------------------------------------------------------
 
 
+def median_bounds(values: list[float]) -> tuple[float, float]:
+    """A 95% confidence interval of the median of `values`, free of any assumption about
+    their distribution: the order statistics 0.98 sqrt(n) places either side of the middle
+    (the sign test's interval, in its normal approximation)."""
+    ordered, reach = sorted(values), 0.98 * math.sqrt(len(values))
+    low = max(0, math.floor(len(values) / 2 - reach) - 1)
+    high = min(len(values) - 1, math.ceil(len(values) / 2 + 1 + reach) - 1)
+    return ordered[low], ordered[high]
+
+
 def summarize_authorizer(runs: dict[str, dict[str, list[float]]]) -> dict[str, float]:
-    """For every time per request: each side's median over its runs; what the authorizer
-    adds, the median of the differences within pairs of runs (the i-th runs of the two
-    sides make a pair, next to each other in time, so slow spells of the machine cancel
-    out), with half their interquartile range as its spread; and that as a share of the
-    time with the authorizer on."""
+    """For every time per request: each side's median over its runs; and for each baseline
+    of COMPARISONS, what the "acl" side adds to it: the median over rounds of the
+    difference within a round (the runs of a round are next to each other in time, so slow
+    spells of the machine cancel out), half the differences' interquartile range as their
+    spread, the median's 95% confidence interval, and the median and the interval's upper
+    end as shares of the "acl" side's median."""
     figures: dict[str, float] = {}
     for key in AUTHORIZER_FIGURES:
-        off, on = runs["off"][key], runs["on"][key]
-        low, added, high = statistics.quantiles([b - a for a, b in zip(off, on, strict=True)])
-        figures[f"authz_off_{key}"] = statistics.median(off)
-        figures[f"authz_on_{key}"] = statistics.median(on)
-        figures[f"authz_{key}_added"] = added
-        figures[f"authz_{key}_added_spread"] = (high - low) / 2
-        figures[f"authz_{key}_share"] = added / statistics.median(on)
+        for side in SIDES:
+            figures[f"authz_{side}_{key}"] = statistics.median(runs[side][key])
+        for name, baseline in COMPARISONS.items():
+            differences = [
+                b - a for a, b in zip(runs[baseline][key], runs["acl"][key], strict=True)
+            ]
+            low, added, high = statistics.quantiles(differences)
+            bounds = median_bounds(differences)
+            figures[f"authz_{key}_{name}"] = added
+            figures[f"authz_{key}_{name}_spread"] = (high - low) / 2
+            figures[f"authz_{key}_{name}_low"], figures[f"authz_{key}_{name}_high"] = bounds
+            figures[f"authz_{key}_{name}_share"] = added / figures[f"authz_acl_{key}"]
+            figures[f"authz_{key}_{name}_high_share"] = bounds[1] / figures[f"authz_acl_{key}"]
     return figures
 
 
 def ratios(figures: dict[str, float]) -> dict[str, float]:
     """SASL_SSL over PLAINTEXT, TLS + SCRAM over plain connections, and the in-process
-    authorize cost over the broker's CPU per request without the authorizer."""
+    checks' cost over the broker's CPU per request decided by ACLs."""
     out = {
         f"{key}_ratio": figures[f"{key}_SASL_SSL_msgs"] / figures[f"{key}_PLAINTEXT_msgs"]
         for key in (f"{d}_{label}" for d in ("produce", "consume") for label in RECORD_SIZES)
@@ -729,9 +795,9 @@ def ratios(figures: dict[str, float]) -> dict[str, float]:
             logins[f"logins_scram_{what}"] / logins[f"logins_plain_{what}"]
         )
     for api in ("produce", "metadata"):
-        for cache in ("cached", "uncached"):
-            out[f"authorize_{cache}_share_of_{api}_cpu"] = (
-                figures[f"authorize_{cache}_us"] / figures[f"authz_off_{api}_broker_cpu_us"]
+        for check in CHECKS:
+            out[f"authorize_{check}_share_of_{api}_cpu"] = (
+                figures[f"authorize_{check}_us"] / figures[f"authz_acl_{api}_broker_cpu_us"]
             )
     return out
 
@@ -750,25 +816,36 @@ def print_tables(figures: dict[str, float]) -> None:
     for what in LOGIN_FIGURES:
         plain, secure = figures[f"logins_plain_{what}"], figures[f"logins_scram_{what}"]
         print(f"{what:22}{plain:28,.3f}{secure:28,.3f}{figures[f'logins_{what}_ratio']:8.3f}")
+    print(f"\n{'authorizer, µs/request':28}" + "".join(f"{side:>10}" for side in SIDES))
+    for key in AUTHORIZER_FIGURES:
+        print(f"{key:28}" + "".join(f"{figures[f'authz_{side}_{key}']:10,.1f}" for side in SIDES))
     print(
-        f"\n{'authorizer, µs/request':26}{'off':>10}{'on':>10}{'added (paired)':>20}"
-        f"{'share':>8}   ({ACL_COUNT:,} ACLs; medians)"
+        f"\n{'what acl adds, µs/request':28}{'to':>6}{'median':>10}{'± half IQR':>12}"
+        f"{'95% interval of the median':>28}{'share':>8}{'(at its end)':>14}"
     )
     for key in AUTHORIZER_FIGURES:
-        added = (
-            f"{figures[f'authz_{key}_added']:,.2f} ± {figures[f'authz_{key}_added_spread']:,.2f}"
-        )
-        print(
-            f"{key:26}{figures[f'authz_off_{key}']:10,.2f}{figures[f'authz_on_{key}']:10,.2f}"
-            f"{added:>20}{figures[f'authz_{key}_share']:8.1%}"
-        )
+        for name, baseline in COMPARISONS.items():
+            added = f"authz_{key}_{name}"
+            print(
+                f"{key:28}{baseline:>6}{figures[added]:10,.2f}{figures[f'{added}_spread']:12,.2f}"
+                f"{figures[f'{added}_low']:15,.2f}{figures[f'{added}_high']:13,.2f}"
+                f"{figures[f'{added}_share']:8.1%}{figures[f'{added}_high_share']:14.1%}"
+                + ("   judged" if name == "added" and "broker_cpu" in key else "")
+            )
     print(
-        f"in-process Authorizer.authorize: {figures['authorize_cached_us']:.2f} µs cached "
-        f"({figures['authorize_cached_share_of_produce_cpu']:.1%} of a Produce request's "
-        f"broker CPU, {figures['authorize_cached_share_of_metadata_cpu']:.1%} of a Metadata "
-        f"one's), {figures['authorize_uncached_us']:.2f} µs uncached "
-        f"({figures['authorize_uncached_share_of_produce_cpu']:.1%}, "
-        f"{figures['authorize_uncached_share_of_metadata_cpu']:.1%}); "
+        f"{ACL_COUNT:,} ACLs. Judged: acl - super, one broker process deciding by its ACLs "
+        "against letting its super user through, up to the end of the median's interval; "
+        "acl - off compares two processes."
+    )
+    checks = ", ".join(
+        f"{figures[f'authorize_{check}_us']:.2f} µs {check} "
+        f"({figures[f'authorize_{check}_share_of_produce_cpu']:.1%} of a Produce request's "
+        f"broker CPU, {figures[f'authorize_{check}_share_of_metadata_cpu']:.1%} of a "
+        "Metadata one's)"
+        for check in CHECKS
+    )
+    print(
+        f"in-process Access.allowed: {checks}; "
         f"{ACL_COUNT:,} ACLs indexed in {figures['authorizer_update_ms']:.0f} ms"
     )
 
@@ -782,12 +859,14 @@ def goals(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
             "goal": f">= {THROUGHPUT_GOAL}",
             "met": value >= THROUGHPUT_GOAL,
         }
-    for api in ("produce", "metadata"):
-        share = figures[f"authz_{api}_broker_cpu_us_share"]
+    for api in ("produce", "metadata"):  # judged on the interval, so noise cannot pass it
+        added = f"authz_{api}_broker_cpu_us_added"
+        upper = figures[f"{added}_high_share"]
         out[f"authorizer_share_of_broker_cpu_per_{api}_request"] = {
-            "value": round(share, 4),
-            "goal": f"< {AUTHORIZER_GOAL}",
-            "met": share < AUTHORIZER_GOAL,
+            "value": round(figures[f"{added}_share"], 4),
+            "upper": round(upper, 4),
+            "goal": f"< {AUTHORIZER_GOAL} up to the 95% interval's end: {upper:.4f}",
+            "met": upper < AUTHORIZER_GOAL,
         }
     return out
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 import warnings
@@ -92,6 +94,8 @@ with warnings.catch_warnings():
         DeleteRecordsResponse,
         DescribeAclsRequest,
         DescribeAclsResponse,
+        DescribeUserScramCredentialsRequest,
+        DescribeUserScramCredentialsResponse,
         ElectLeadersRequest,
         ElectLeadersResponse,
         ListPartitionReassignmentsRequest,
@@ -570,6 +574,81 @@ def test_admin_operations_need_their_acls(
     only(admin.alter_user_scram_credentials(upsertion)).result(timeout=30)
     described = only(admin.describe_user_scram_credentials(["mallory"])).result(timeout=30)
     assert [i.iterations for i in described.scram_credential_infos] == [4096]
+
+
+# confluent-kafka's describe_user_scram_credentials for the users in argv[2], logged in with
+# the settings in argv[1]: each user's error code, written (unbuffered) from the future's
+# done callback, which runs on librdkafka's background thread before the result is freed.
+DESCRIBE_SCRAM = """
+import concurrent.futures, json, os, sys
+from confluent_kafka.admin import AdminClient
+config, users = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def told(user):
+    def report(future):
+        error = future.exception()
+        code = 0 if error is None else error.args[0].code()
+        os.write(1, f"{user}:{code}\\n".encode())
+    return report
+admin = AdminClient(config)  # kept: a freed client fails its futures with _DESTROY
+futures = admin.describe_user_scram_credentials(users)
+for user, future in futures.items():
+    future.add_done_callback(told(user))
+concurrent.futures.wait(list(futures.values()), timeout=60)
+"""
+
+
+def test_a_refused_scram_description_is_answered_as_kafka_answers_it(secured: Secured) -> None:
+    """Without DESCRIBE on the cluster, DescribeUserScramCredentials gets Kafka 3.7's answer
+    (DescribeUserScramCredentialsRequest.getErrorResponse): CLUSTER_AUTHORIZATION_FAILED at
+    the top and in one result per user named, each with an empty user name. librdkafka
+    (up to 2.16 at least) frees the top-level error message it read without allocating it
+    (rd_kafka_DescribeUserScramCredentialsResponse_parse: a string of the response buffer
+    copied to the stack, or a static one), so the client process aborts once the result is
+    delivered, with Kafka too: the call runs in a child process, which must report the
+    error for every user first, and may only die of that abort."""
+    principal, login = secured.login()
+    user, nobody = principal[5:], f"nobody-{uuid.uuid4().hex[:8]}"
+    request = DescribeUserScramCredentialsRequest[0](
+        users=[
+            DescribeUserScramCredentialsRequest[0].UserName(name=name) for name in (user, nobody)
+        ]
+    )
+    (answer,) = ask(secured.sasl, [(request, DescribeUserScramCredentialsResponse)], user_of(login))
+    refused = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert (answer.error_code, bool(answer.error_message)) == (refused, True)
+    assert [
+        (r.user, r.error_code, r.error_message, list(r.credential_infos)) for r in answer.results
+    ] == [("", refused, answer.error_message, [])] * 2
+
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DESCRIBE_SCRAM,
+            json.dumps({"bootstrap.servers": secured.sasl, **login}),
+            json.dumps([user, nobody]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sorted(child.stdout.split()) == sorted(f"{name}:{refused}" for name in (user, nobody))
+    assert child.returncode in (0, -signal.SIGABRT), (child.returncode, child.stderr[-2000:])
+    # With the permission the same client describes the user (and lives on).
+    secured.allow(acl(principal, AclOperation.DESCRIBE, CLUSTER_NAME, BROKER))
+    granted = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DESCRIBE_SCRAM,
+            json.dumps({"bootstrap.servers": secured.sasl, **login}),
+            json.dumps([user]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (granted.returncode, granted.stdout.split()) == (0, [f"{user}:0"]), granted.stderr
 
 
 # Managing ACLs ---------------------------------------------------------------------------
