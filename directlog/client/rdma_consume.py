@@ -35,7 +35,6 @@ RdmaConsumeError.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -82,7 +81,8 @@ from directlog.records.batch import (
     read_header,
     verify_crc,
 )
-from directlog.records.errors import CorruptRecordError, RecordError
+from directlog.records.errors import RecordError
+from directlog.records.markers import ABORT, COMMIT, control_type
 
 SPIN_SECONDS = 0.0005  # a READ usually completes this soon: poll before parking a thread
 IDLE_SECONDS = 0.001  # between slot READs while nothing new is readable
@@ -91,8 +91,6 @@ MAX_RECONNECTS = 8  # queue pairs lost in a row without a record returned in bet
 BIND_WR, SLOT_WR, DATA_WR = 1, 2, 3
 T = TypeVar("T", list[Record], bytes | bytearray)
 ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
-ABORT, COMMIT = 0, 1  # a transaction marker's ControlRecordType (KIP-98)
-_CONTROL_KEY = struct.Struct(">hh")  # version, type
 DECIDED = -1  # the producer id of held records whose fate is known
 
 
@@ -400,7 +398,8 @@ class RdmaConsumer:
         if header.is_control:
             if producer_id not in self._undecided:
                 return  # its transaction began before this consumer's start: nothing held
-            kind = _control_type(decode_records(view, position, header))
+            records = decode_records(view, position, header)
+            kind = control_type(records[0].key if records else None)
             if kind not in (ABORT, COMMIT):
                 return  # as Kafka's consumer, a control type it does not know decides nothing
             self._undecided.discard(producer_id)
@@ -596,15 +595,3 @@ class RdmaConsumer:
         traceback: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-def _control_type(records: list[Record]) -> int:
-    """The ControlRecordType of a control batch's record (its key: int16 version, int16
-    type); a key too short or of a negative version is corrupt."""
-    key = records[0].key if records else None
-    if key is None or len(key) < _CONTROL_KEY.size:
-        raise CorruptRecordError(f"control record key of {0 if key is None else len(key)} bytes")
-    version, kind = _CONTROL_KEY.unpack_from(key)
-    if version < 0:
-        raise CorruptRecordError(f"control record key version {version}")
-    return int(kind)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from directlog.client.rdma_consume import RdmaConsumer
 from directlog.records.batch import Record, build_batch
-from services.broker.storage.markers import build_marker
+from directlog.records.markers import build_marker
 
 pytestmark = pytest.mark.timeout(120)
 

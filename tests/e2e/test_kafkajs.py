@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports, typed
 
-from services.broker.storage.markers import ABORT, COMMIT
+from directlog.records.markers import ABORT, COMMIT
 from tests.e2e.cluster import Cluster, eventually
 from tests.e2e.conftest import Clients
 from tests.e2e.test_transactions import WAIT, raw_log, read_committed, three_brokers

@@ -17,7 +17,7 @@ import pytest
 
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import Record, build_batch
-from services.broker.storage.markers import ABORT, COMMIT
+from directlog.records.markers import ABORT, COMMIT
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.conftest import Clients, single_broker
 from tests.e2e.records import produce_raw

@@ -20,7 +20,7 @@ from confluent_kafka.admin import NewTopic
 
 from directlog.protocol.errors import ErrorCode
 from directlog.records.batch import decode_records, iter_batches
-from services.broker.storage.markers import ABORT, COMMIT, control_type
+from directlog.records.markers import ABORT, COMMIT, control_type
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, single_broker

@@ -30,6 +30,7 @@ from directlog.records.batch import (
 )
 from directlog.records.compression import Compression
 from directlog.records.errors import InvalidRecordError
+from directlog.records.markers import ABORT, control_type
 from directlog.topics import TopicPartition
 from services.broker.storage import LogConfig, PartitionLog
 from services.broker.storage.cleaner import (
@@ -39,7 +40,6 @@ from services.broker.storage.cleaner import (
     read_checkpoint,
 )
 from services.broker.storage.log_manager import LogManager
-from services.broker.storage.markers import ABORT, control_type
 from services.broker.storage.segment import LogSegment, finish_interrupted_swaps
 from tests.storage.helpers import T0, ManualClock, tree_digest
 

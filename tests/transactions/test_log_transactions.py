@@ -10,9 +10,9 @@ import pytest
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import Record, build_batch, decode_records, iter_batches
+from directlog.records.markers import ABORT, COMMIT, control_type
 from services.broker.storage import LogConfig, PartitionLog
 from services.broker.storage.errors import InvalidProducerEpochError
-from services.broker.storage.markers import ABORT, COMMIT, control_type
 from tests.storage.helpers import T0, ManualClock
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import Record, build_batch
+from directlog.records.markers import COMMIT, control_type
 from services.broker.groups.group import (
     CommittedOffset,
     Group,
@@ -56,7 +57,6 @@ from services.broker.internal_topic_coordinator import (
 )
 from services.broker.partition import Partition
 from services.broker.storage.log import AppendResult
-from services.broker.storage.markers import COMMIT, control_type
 
 log = logging.getLogger(__name__)
 

@@ -87,10 +87,10 @@ from directlog.records.batch import (
     rewrite_header,
 )
 from directlog.records.compression import Compression, compress
+from directlog.records.markers import ABORT, COMMIT, control_type
 from directlog.records.varint import Buffer
 from directlog.topic_config import LogConfig
 from services.broker.storage.log import PartitionLog
-from services.broker.storage.markers import ABORT, COMMIT, control_type
 from services.broker.storage.segment import CLEANED_SUFFIX, LogSegment
 from services.broker.storage.txn_index import AbortedTxn
 from services.broker.storage.validator import MAX_DECOMPRESSED

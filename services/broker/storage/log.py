@@ -57,6 +57,12 @@ from directlog.records.batch import (
     stamp_offset_and_epoch,
 )
 from directlog.records.errors import InvalidRecordError
+from directlog.records.markers import (
+    ABORT,
+    build_marker,
+    control_type,
+    marker_coordinator_epoch,
+)
 from directlog.records.varint import Buffer
 from directlog.remote.index import CorruptIndexError, RemoteIndex, has_remote_index
 from directlog.remote.layout import is_index_file
@@ -76,12 +82,6 @@ from services.broker.storage.leader_epochs import (
 )
 from services.broker.storage.log_file import EMPTY_SLICE, FileSlice
 from services.broker.storage.log_layout import LogLayout
-from services.broker.storage.markers import (
-    ABORT,
-    build_marker,
-    control_type,
-    marker_coordinator_epoch,
-)
 from services.broker.storage.offset_index import OffsetIndex
 from services.broker.storage.producer_state import (
     PRODUCER_ID_EXPIRATION_MS,
@@ -440,7 +440,7 @@ class PartitionLog:
         coordinator_epoch: int,
         leader_epoch: int,
     ) -> AppendResult:
-        """A leader writes a transaction marker (storage/markers.py) at the log end, ending
+        """A leader writes a transaction marker (directlog/records/markers.py) at the log end, ending
         the producer's open transaction here. Producers may not write control batches, so
         the marker is built here; an epoch older than the producer's here raises
         InvalidProducerEpochError, an older coordinator epoch than its last marker's here

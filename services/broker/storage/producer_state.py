@@ -34,13 +34,13 @@ from directlog.durable_files import write_atomically
 from directlog.protocol.errors import ErrorCode, KafkaError
 from directlog.records.batch import ATTRIBUTES_AT, CONTROL_FLAG, TRANSACTIONAL_FLAG, BatchHeader
 from directlog.records.errors import InvalidRecordError
+from directlog.records.markers import marker_coordinator_epoch
 from directlog.records.varint import Buffer
 from services.broker.storage.errors import (
     InvalidProducerEpochError,
     OutOfOrderSequenceError,
     StorageError,
 )
-from services.broker.storage.markers import marker_coordinator_epoch
 from services.broker.storage.validator import AppendPlan, BatchPlan
 
 log = logging.getLogger(__name__)
