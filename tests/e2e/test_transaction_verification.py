@@ -26,6 +26,7 @@ from tests.e2e.test_transactions import (
     WAIT,
     ask,
     coordinator_of,
+    init_producer_id,
     raw_log,
     three_brokers,
 )
@@ -36,7 +37,6 @@ with warnings.catch_warnings():
     from kafka.protocol.producer import (
         AddPartitionsToTxnRequest,
         EndTxnRequest,
-        InitProducerIdRequest,
     )
 
 pytestmark = pytest.mark.timeout(180)
@@ -56,23 +56,7 @@ class Txn:
         self.bootstrap = bootstrap
         self.id = transactional_id
         self.sequences: dict[tuple[str, int], int] = {}
-        deadline = time.monotonic() + WAIT
-        while True:
-            init = ask(
-                bootstrap,
-                InitProducerIdRequest(
-                    version=4,
-                    transactional_id=transactional_id,
-                    transaction_timeout_ms=60_000,
-                    producer_id=-1,
-                    producer_epoch=-1,
-                ),
-            )
-            if init.error_code == ErrorCode.NONE:
-                break
-            assert time.monotonic() < deadline, init
-            time.sleep(0.2)
-        self.pid, self.epoch = init.producer_id, init.producer_epoch
+        self.pid, self.epoch = init_producer_id(bootstrap, transactional_id)
 
     def add(self, topic: str, partitions: list[int]) -> dict[tuple[str, int], int]:
         request = AddPartitionsToTxnRequest(

@@ -524,6 +524,23 @@ def ask(bootstrap: str, request: Any) -> Any:
     return raw_request(bootstrap.split(",")[0], request)
 
 
+def init_producer_id(coordinator: str, transactional_id: str) -> tuple[int, int]:
+    """A raw InitProducerId v4 for the id at its coordinator's address, retried until it
+    is answered without error: the producer id and epoch."""
+    request = InitProducerIdRequest(
+        version=4,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=60_000,
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    deadline = time.monotonic() + WAIT
+    while (init := ask(coordinator, request)).error_code != ErrorCode.NONE:
+        assert time.monotonic() < deadline, init
+        time.sleep(0.2)
+    return init.producer_id, init.producer_epoch
+
+
 def test_bad_transaction_requests_get_kafkas_codes(
     txn_broker: BrokerProcess, clients: Clients
 ) -> None:
@@ -532,23 +549,7 @@ def test_bad_transaction_requests_get_kafkas_codes(
     clients.create_topic(bootstrap, topic)
     transactional_id = f"tx-{uuid.uuid4().hex[:6]}"
     coordinator_of(bootstrap, transactional_id)  # creates __transaction_state if need be
-    deadline = time.monotonic() + WAIT
-    while True:
-        init = ask(
-            bootstrap,
-            InitProducerIdRequest(
-                version=4,
-                transactional_id=transactional_id,
-                transaction_timeout_ms=60_000,
-                producer_id=-1,
-                producer_epoch=-1,
-            ),
-        )
-        if init.error_code == ErrorCode.NONE:
-            break
-        assert time.monotonic() < deadline, init
-        time.sleep(0.2)
-    pid, epoch = init.producer_id, init.producer_epoch
+    pid, epoch = init_producer_id(bootstrap, transactional_id)
 
     def add(version: int, partitions: dict[str, list[int]], producer_epoch: int = epoch) -> Any:
         request = AddPartitionsToTxnRequest(
