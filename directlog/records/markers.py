@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from directlog.records.batch import Record, build_batch, decode_records, read_header
+from directlog.records.batch import BatchHeader, Record, build_batch, decode_records, read_header
 from directlog.records.errors import CorruptRecordError
 from directlog.records.varint import Buffer
 
@@ -65,3 +65,27 @@ def marker_coordinator_epoch(buf: Buffer, position: int) -> int | None:
         if value is not None and len(value) >= _VALUE.size:
             return int(_VALUE.unpack_from(value)[1])
     return None
+
+
+class AbortedFilter:
+    """Which batches a read_committed reader drops, from the aborted transactions a Fetch
+    names — (producer id, first offset) — as Kafka's consumers decide it, batch by batch
+    in offset order: a producer's transactional batches are dropped from its aborted
+    transaction's first offset until its ABORT marker; control batches always are."""
+
+    def __init__(self, aborted: list[tuple[int, int]]) -> None:
+        self._pending = sorted(aborted, key=lambda entry: entry[1], reverse=True)
+        self._aborting: set[int] = set()
+
+    def drops(self, buf: Buffer, position: int, header: BatchHeader) -> bool:
+        producer_id = header.producer_id
+        if producer_id >= 0:
+            while self._pending and self._pending[-1][1] <= header.last_offset:
+                self._aborting.add(self._pending.pop()[0])
+            if header.is_control:
+                records = decode_records(buf, position, header)
+                if records and control_type(records[0].key) == ABORT:
+                    self._aborting.discard(producer_id)
+            elif header.is_transactional and producer_id in self._aborting:
+                return True
+        return header.is_control

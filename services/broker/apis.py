@@ -722,8 +722,9 @@ class KafkaApis:
         answer; the follower fetches again)."""
         replica = _replica_id(request, version)
         # KIP-98: read_committed consumers read up to the last stable offset, and are told
-        # which transactions there were aborted.
-        read_committed = replica < 0 and version >= 4 and request.isolation_level == 1
+        # which transactions there were aborted. So do consumers older than Fetch v4, which
+        # cannot tell aborted records apart: their answer is converted without them.
+        read_committed = replica < 0 and (version < 4 or request.isolation_level == 1)
         quotas = self.replicas.quotas
         now = now_ms()
         topics: list[TopicData] = []
@@ -996,7 +997,7 @@ class KafkaApis:
                 elif version < 4:
                     magic = legacy_magic(version)
                     conversion = DownConversion.plan(
-                        records, magic, chunk_bytes, topic.name, self.metrics
+                        records, magic, chunk_bytes, topic.name, self.metrics, data.aborted
                     )
                     data.records = conversion if chunk_bytes else conversion.eager()
 

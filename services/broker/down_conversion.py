@@ -13,7 +13,9 @@ Each v2 batch becomes legacy messages of its own: an uncompressed batch one mess
 record, a compressed one a wrapper message with the same codec (gzip, snappy, lz4; the old
 formats have no zstd). Keys, values and timestamps (magic 1) carry over, with the batch's
 timestamp type; headers do not exist before v2 and are dropped; control batches are never
-handed over.
+handed over, and neither are the batches of aborted transactions: an old consumer cannot
+tell them apart, so it reads as a read_committed one does (up to the last stable offset,
+the aborted transactions the read names dropped here as Kafka's consumers drop them).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from directlog.records.legacy import (
     encode_message_set,
     wrap,
 )
+from directlog.records.markers import AbortedFilter
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage import FileSlice
 
@@ -84,10 +87,14 @@ def holds_zstd(source: Source) -> bool:
     return False
 
 
-def convert_batches(data: bytes | memoryview, magic: int) -> Iterator[tuple[bytes, int]]:
+def convert_batches(
+    data: bytes | memoryview, magic: int, aborted: AbortedFilter | None = None
+) -> Iterator[tuple[bytes, int]]:
     """(legacy message set, records in it) for each whole batch of `data` holding records;
-    nothing for a control batch."""
+    nothing for a control batch or one `aborted` drops."""
     for position, header in iter_batches(data):
+        if aborted is not None and aborted.drops(data, position, header):
+            continue
         if header.is_control or not header.records_count:
             continue
         converted = convert_in_c(data, position, header, magic)
@@ -149,20 +156,32 @@ class DownConversion:
     chunk_bytes: int
     topic: str
     metrics: BrokerMetrics
+    aborted: AbortedFilter | None = None
 
     @classmethod
     def plan(
-        cls, source: Source, magic: int, chunk_bytes: int, topic: str, metrics: BrokerMetrics
+        cls,
+        source: Source,
+        magic: int,
+        chunk_bytes: int,
+        topic: str,
+        metrics: BrokerMetrics,
+        aborted: list[tuple[int, int]] | None = None,
     ) -> DownConversion:
-        """Commit to S_pre for `source` (whole v2 batches)."""
+        """Commit to S_pre for `source` (whole v2 batches); `aborted`: the aborted
+        transactions the read names, whose batches are left out."""
         first_size = _first_converted_size(source, magic)
-        return cls(source, magic, max(_size(source), first_size), chunk_bytes, topic, metrics)
+        size = max(_size(source), first_size)
+        drop = None if aborted is None else AbortedFilter(aborted)
+        return cls(source, magic, size, chunk_bytes, topic, metrics, drop)
 
     def eager(self) -> bytes:
         """All `size` bytes at once: how brokers converted before KIP-283 (the whole
         answer in memory until it is sent)."""
         started = time.perf_counter()
-        _, out, records, _ = _step(self.source, 0, _size(self.source), self.magic, self.size)
+        _, out, records, _ = _step(
+            self.source, 0, _size(self.source), self.magic, self.size, self.aborted
+        )
         self._account(records, time.perf_counter() - started)
         return out + overflow(self.size - len(out))
 
@@ -181,14 +200,14 @@ class DownConversion:
             while room > 0:
                 started = time.perf_counter()
                 consumed, out, records, full = _step(
-                    self.source, position, self.chunk_bytes, self.magic, room
+                    self.source, position, self.chunk_bytes, self.magic, room, self.aborted
                 )
                 seconds += time.perf_counter() - started
                 converted += records
                 if not consumed:
                     break  # the source's end
                 position += consumed
-                if out:  # (control batches convert to nothing)
+                if out:  # (control and aborted batches convert to nothing)
                     held = consumed + len(out)
                     gauge.inc(held)
                     room -= len(out)
@@ -222,7 +241,12 @@ def _first_converted_size(source: Source, magic: int) -> int:
 
 
 def _step(
-    source: Source, position: int, max_bytes: int, magic: int, room: int
+    source: Source,
+    position: int,
+    max_bytes: int,
+    magic: int,
+    room: int,
+    aborted: AbortedFilter | None,
 ) -> tuple[int, bytes, int, bool]:
     """Read the whole batches of `source` from `position` within `max_bytes` (at least
     one) and convert as many as fit in `room` bytes: (source bytes read, converted bytes,
@@ -231,7 +255,7 @@ def _step(
     out: list[bytes] = []
     used = 0
     records = 0
-    for converted, count in convert_batches(data, magic):
+    for converted, count in convert_batches(data, magic, aborted):
         if used + len(converted) > room:
             return len(data), b"".join(out), records, True
         out.append(converted)

@@ -25,6 +25,7 @@ from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, single_broker
 from tests.e2e.records import fetch_partition, raw_request
+from tests.e2e.test_old_consumers import legacy_records, old_fetch
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -869,3 +870,48 @@ def test_compaction_keeps_each_keys_latest_committed_value(
     assert {k: v for k, v in latest.items() if not k.startswith(b"f")} == expected
     assert not [v for v in got if gone(v)]
     assert {v for v in got if v.startswith(b"fill")} >= {b"fill3:f%d" % i for i in range(8)}
+
+
+def test_old_consumers_read_only_committed_records(
+    txn_broker: BrokerProcess, clients: Clients
+) -> None:
+    """Fetch v0-3 carries no isolation level and old clients cannot tell aborted records
+    apart: they read as read_committed consumers, up to the last stable offset, the aborted
+    transactions' records left out of the converted answer, markers never in it."""
+    bootstrap = txn_broker.bootstrap
+    topic = f"txn-old-{uuid.uuid4().hex[:6]}"
+    clients.create_topic(bootstrap, topic)
+    producer = transactional(bootstrap, f"tx-{uuid.uuid4().hex[:6]}")
+    for values, commit in (([b"c1", b"c2"], True), ([b"a1", b"a2"], False), ([b"c3"], True)):
+        producer.begin_transaction()
+        produce(producer, topic, 0, values)
+        assert producer.flush(WAIT) == 0
+        if commit:
+            producer.commit_transaction(WAIT)
+        else:
+            producer.abort_transaction(WAIT)
+    producer.begin_transaction()
+    produce(producer, topic, 0, [b"open"])
+    assert producer.flush(WAIT) == 0
+    # c1 c2 COMMIT a1 a2 ABORT c3 COMMIT open: the last stable offset is 8 once the marker
+    # of c3 is in (commit_transaction may return before).
+    deadline = time.monotonic() + WAIT
+    while [o for o, _, _, _ in raw_log(bootstrap, topic, 0)][-2:] != [7, 8]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    def values(version: int, offset: int) -> list[tuple[int, bytes | None]]:
+        (answer,) = old_fetch(bootstrap, version, [(topic, offset)]).values()
+        assert answer.error_code == ErrorCode.NONE
+        magic = 0 if version < 2 else 1
+        return [(r[0], r[2]) for r in legacy_records(answer.records, magic) if r[0] >= offset]
+
+    for version in range(4):
+        assert values(version, 0) == [(0, b"c1"), (1, b"c2"), (6, b"c3")], version
+        assert values(version, 3) == [(6, b"c3")], version
+        assert values(version, 7) == [], version  # the open transaction waits
+    producer.commit_transaction(WAIT)
+    deadline = time.monotonic() + WAIT
+    while values(3, 7) != [(8, b"open")]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

@@ -440,9 +440,9 @@ class PartitionLog:
         coordinator_epoch: int,
         leader_epoch: int,
     ) -> AppendResult:
-        """A leader writes a transaction marker (directlog/records/markers.py) at the log end, ending
-        the producer's open transaction here. Producers may not write control batches, so
-        the marker is built here; an epoch older than the producer's here raises
+        """A leader writes a transaction marker (directlog/records/markers.py) at the log
+        end, ending the producer's open transaction here. Producers may not write control
+        batches, so the marker is built here; an epoch older than the producer's here raises
         InvalidProducerEpochError, an older coordinator epoch than its last marker's here
         TRANSACTION_COORDINATOR_FENCED."""
         with self._lock:
