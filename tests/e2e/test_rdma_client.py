@@ -19,9 +19,12 @@ from confluent_kafka.admin import NewTopic
 
 from directlog.client import Consumer, Producer, TopicPartition
 from directlog.client.rdma_produce import RdmaProduceError, RdmaProducer
+from directlog.records.batch import iter_batches
+from directlog.records.compression import Compression
 from tests.e2e.broker import BrokerProcess
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.conftest import RDKAFKA_LOG, Clients, _stop_checked
+from tests.e2e.records import fetch_partition
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -412,6 +415,31 @@ def test_producer_and_consumer_fall_back_to_tcp(module_broker, clients: Clients,
         (p, o, v) for p, records in sent.items() for o, v in records
     )
     assert module_broker.sample("directlog_broker_rdma_produce_writes_total", topic=topic) is None
+
+
+def test_a_topic_the_broker_recompresses_is_written_over_tcp(
+    rdma_broker, clients: Clients, topic_name
+):
+    """compression.type other than producer: the broker rewrites each batch in the topic's
+    codec, which RDMA writes would bypass, so it grants no RDMA produce and the producer
+    falls back to TCP; the batches are stored recompressed."""
+    broker, provider = rdma_broker
+    topic = topic_name("gz")
+    clients.create_topic(
+        broker.bootstrap, topic, config={**PREALLOCATED, "compression.type": "gzip"}
+    )
+    producer = Producer(
+        config(broker.bootstrap, **{"rdma.produce": "shared", "rdma.provider": provider})
+    )
+    try:
+        reports = clients.produce_all(producer, topic, keyed(50))
+    finally:
+        producer.close()
+    assert [v for _, v in by_partition(reports)[0]] == [f"v-{i}".encode() for i in range(50)]
+    assert broker.sample("directlog_broker_rdma_produce_writes_total", topic=topic) is None
+    data = fetch_partition(broker.bootstrap, topic, 0).records
+    codecs = {header.compression for _, header in iter_batches(data)}
+    assert codecs == {Compression.GZIP}
 
 
 @pytest.mark.parametrize(

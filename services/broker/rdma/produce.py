@@ -293,6 +293,14 @@ class RdmaProduce:
             raise KafkaError(
                 ErrorCode.INVALID_CONFIG, f"{partition.tp}: RDMA produce needs preallocate=true"
             )
+        if plog.config.target_compression is not None:
+            # RDMA writes land as the producer wrote them; a codec the broker imposes means
+            # rewriting every batch, which only a produce over TCP goes through.
+            raise KafkaError(
+                ErrorCode.INVALID_CONFIG,
+                f"{partition.tp}: compression.type={plog.config.compression_type} has the "
+                "broker recompress batches: produce over TCP (RDMA produce needs 'producer')",
+            )
         largest = min(plog.config.segment_bytes, self.settings.rdma_grant_max_bytes)
         if not 0 < request.min_free <= largest:
             raise KafkaError(
