@@ -103,9 +103,12 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         self.groups: dict[str, Group] = {}
         self._waiters: dict[tuple[str, str, str], asyncio.Future[Reply]] = {}
         self._next_expiry_check = 0
-        # TxnOffsetCommit (KIP-98): offsets written in a transaction, by (partition,
-        # producer id), that take effect when its COMMIT marker is written there.
-        self._pending_txn: dict[tuple[int, int], list[tuple[str, str, int, CommittedOffset]]] = {}
+        # TxnOffsetCommit (KIP-98): the groups holding offsets of each producer's open
+        # transaction, by (partition, producer id); they count from its COMMIT marker on
+        # (Kafka's openGroupsForProducer). The offsets themselves wait in the groups.
+        self._open_txns: dict[tuple[int, int], set[str]] = {}
+        # Markers written while a partition loads, applied once it has (producer id, commit).
+        self._early_markers: dict[int, list[tuple[int, bool]]] = {}
 
     # Loading and unloading ----------------------------------------------------------------
 
@@ -113,30 +116,50 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         return _read_offsets(partition)
 
     def _apply(self, index: int, owned: LedPartition, read: list[Read]) -> int:
+        """Replay the partition in log order through the same steps as the live requests,
+        so a successor ends where the leader was: plain commits count at once, those of a
+        transaction from its COMMIT marker on, each losing to a commit of the partition
+        written later (Kafka's loadGroupsAndOffsets with its `olderThan` rule)."""
         now = self._clock()
-        records, open_txns = _settle_transactions(read)
-        for log_offset, key, value in records:
-            self._replay(owned, log_offset, key, value, now)
-        for producer_id, txn_records in open_txns.items():
-            for log_offset, key, value in txn_records:
-                self._hold(index, producer_id, log_offset, key, value)
-        return len(records)
+        used = 0
+        for producer_id, item in read:
+            if isinstance(item, bool):
+                assert producer_id is not None  # markers are read for producers only
+                self._end_txn(index, producer_id, item)
+                continue
+            used += 1
+            self._replay(index, owned, producer_id, item, now)
+        for producer_id, commit in self._early_markers.pop(index, []):
+            self._end_txn(index, producer_id, commit)
+        return used
 
     def _replay(
-        self, owned: LedPartition, log_offset: int, key: bytes, value: bytes | None, now: int
+        self, index: int, owned: LedPartition, producer_id: int | None, record: Keyed, now: int
     ) -> None:
+        log_offset, key, value = record
         try:
             decoded = decode_key(key)
             if isinstance(decoded, OffsetKey):
+                tp = (decoded.topic, decoded.partition)
                 group = self._group(owned, decoded.group, create=value is not None)
-                if group is not None:
-                    offset = None
-                    if value is not None:
-                        v = decode_offset_value(value)
-                        offset = CommittedOffset(
-                            v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, log_offset
-                        )
-                    group.committed(decoded.topic, decoded.partition, offset)
+                if group is None:
+                    return
+                if value is None:
+                    if producer_id is None:
+                        group.uncommitted(*tp, log_offset)
+                        group.cancel_pending([tp])
+                    else:
+                        group.txn_uncommitted(producer_id, *tp)
+                    return
+                v = decode_offset_value(value)
+                offset = CommittedOffset(
+                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, log_offset
+                )
+                if producer_id is None:
+                    group.committed(*tp, offset)
+                else:
+                    group.txn_commit_started(producer_id, {tp: offset})
+                    self._open_txns.setdefault((index, producer_id), set()).add(decoded.group)
             elif value is None:
                 self.groups.pop(decoded.group, None)
                 owned.ids.discard(decoded.group)
@@ -156,26 +179,10 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
             owned.ids.add(group_id)
         return group
 
-    def _hold(
-        self, index: int, producer_id: int, log_offset: int, key: bytes, value: bytes | None
-    ) -> None:
-        """Keep a transaction's offset commit read back from the log until its marker."""
-        try:
-            decoded = decode_key(key)
-            if isinstance(decoded, OffsetKey) and value is not None:
-                v = decode_offset_value(value)
-                offset = CommittedOffset(
-                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, log_offset
-                )
-                self._pending_txn.setdefault((index, producer_id), []).append(
-                    (decoded.group, decoded.topic, decoded.partition, offset)
-                )
-        except Exception as error:
-            log.warning("%s at %d: skipping a record: %s", OFFSETS_TOPIC, log_offset, error)
-
     def _dropped(self, index: int, owned: LedPartition) -> None:
-        for pending in [k for k in self._pending_txn if k[0] == index]:
-            del self._pending_txn[pending]
+        for pending in [k for k in self._open_txns if k[0] == index]:
+            del self._open_txns[pending]
+        self._early_markers.pop(index, None)
         for group_id in owned.ids:
             group = self.groups.pop(group_id, None)
             if group is not None:
@@ -340,17 +347,20 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         codes, records, kept = self._offset_records(group_id, commits, now)
         if not records:
             return codes
+        written = {(c.topic, c.partition) for _, c in kept}
+        token = group.commit_started(written)
         code, first = await self._append(group_id, records)
         if code in TOO_LARGE:
             code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        # Those an OffsetDelete or DeleteGroups cancelled meanwhile do not count.
+        counted = {tp for tp in written if group.commit_finished(token, *tp)}
         for n, (i, commit) in enumerate(kept):
             codes[i] = code
-            if code is ErrorCode.NONE and self.groups.get(group_id) is group:
-                metadata = commit.metadata or ""
+            if code is ErrorCode.NONE and (commit.topic, commit.partition) in counted:
                 group.committed(
                     commit.topic,
                     commit.partition,
-                    CommittedOffset(commit.offset, commit.leader_epoch, metadata, now, first + n),
+                    _committed(commit, now, first + n),
                 )
         return codes
 
@@ -383,13 +393,21 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         if code is not ErrorCode.NONE:
             return [code] * len(commits)
         if group is None:
-            self._group(owned, group_id, create=True)
+            group = self._group(owned, group_id, create=True)
+            assert group is not None
         now = self._clock()
         codes, records, kept = self._offset_records(group_id, commits, now)
         if not records:
             return codes
         partition = owned.partition
         index = partition.tp.partition
+        # Pending from now on (a stable OffsetFetch answers UNSTABLE_OFFSET_COMMIT), with
+        # its log position once appended: the append runs before anything else can.
+        group.txn_commit_started(
+            producer_id, {(c.topic, c.partition): _committed(c, now, -1) for _, c in kept}
+        )
+        self._open_txns.setdefault((index, producer_id), set()).add(group_id)
+        appended_at: list[int] = []
 
         def build(base_offset: int, timestamp: int) -> bytes:
             return build_batch(
@@ -407,21 +425,26 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
             partition.check_appendable(-1)
             appended = partition.log.append_from_coordinator(build, partition.leader_epoch)
             partition.appended()
+            appended_at.append(appended.first_offset)
+            group.txn_commit_appended(
+                producer_id,
+                {
+                    (c.topic, c.partition): _committed(c, now, appended.first_offset + n)
+                    for n, (_, c) in enumerate(kept)
+                },
+            )
             return appended
 
-        code, first = await append_replicated(
+        code, _ = await append_replicated(
             partition, append, self.settings.commit_timeout_ms, f"group {group_id}"
         )
-        if code is not ErrorCode.NONE:
-            return [code if c is ErrorCode.NONE else c for c in codes]
-        if self.owned.get(index) is owned:
-            held = self._pending_txn.setdefault((index, producer_id), [])
-            for n, (_, commit) in enumerate(kept):
-                offset = CommittedOffset(
-                    commit.offset, commit.leader_epoch, commit.metadata or "", now, first + n
-                )
-                held.append((group_id, commit.topic, commit.partition, offset))
-        return codes
+        if code is ErrorCode.NONE:
+            return codes
+        if not appended_at:
+            # Never written. Once in the log, they stay pending whatever the ISR does, as
+            # a successor reading the log would hold them: the transaction decides.
+            group.txn_commit_failed(producer_id, [(c.topic, c.partition) for _, c in kept])
+        return [code if c is ErrorCode.NONE else c for c in codes]
 
     def _offset_records(
         self, group_id: str, commits: list[Commit], now: int
@@ -444,34 +467,54 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         return codes, records, kept
 
     def transaction_ended(self, index: int, producer_id: int, commit: bool) -> None:
-        """A marker of the producer's transaction is written to __consumer_offsets-index
-        (by this broker as its leader): its offset commits take effect, or are dropped."""
-        held = self._pending_txn.pop((index, producer_id), [])
+        """A marker of the producer's transaction is in the ISR of __consumer_offsets-index
+        (written by this broker as its leader): its offset commits count, or are dropped.
+        A group deleted since keeps none of them (as in Kafka, none is re-created)."""
         owned = self.owned.get(index)
-        if not commit or owned is None:
+        if owned is None:
             return
-        for group_id, topic, partition, offset in held:
-            group = self._group(owned, group_id, create=True)
-            assert group is not None
-            group.committed(topic, partition, offset)
+        if not owned.loaded:
+            # Written after the load read the log: applied once the load is done.
+            self._early_markers.setdefault(index, []).append((producer_id, commit))
+            return
+        self._end_txn(index, producer_id, commit)
+
+    def _end_txn(self, index: int, producer_id: int, commit: bool) -> None:
+        for group_id in self._open_txns.pop((index, producer_id), ()):
+            group = self.groups.get(group_id)
+            if group is not None and group.state is not GroupState.DEAD:
+                group.txn_ended(producer_id, commit)
 
     def fetch_offsets(
-        self, group_id: str, wanted: list[tuple[str, list[int]]] | None
-    ) -> dict[tuple[str, int], CommittedOffset | None]:
+        self,
+        group_id: str,
+        wanted: list[tuple[str, list[int]]] | None,
+        require_stable: bool = False,
+    ) -> dict[tuple[str, int], CommittedOffset | ErrorCode | None]:
         """OffsetFetch: the committed offset of each wanted partition (None: none), or of
-        every partition the group committed when `wanted` is None. Raises KafkaError when
-        this broker cannot answer for the group."""
+        every partition the group committed when `wanted` is None. With `require_stable`
+        (KIP-447, OffsetFetch v7+), a partition whose commit is still being written or
+        waits for its transaction is UNSTABLE_OFFSET_COMMIT instead, as in Kafka. Raises
+        KafkaError when this broker cannot answer for the group."""
         group = self.lookup(group_id)
-        offsets = group.offsets if group is not None else {}
-        if wanted is None:
-            return dict(offsets)
-        return {(t, p): offsets.get((t, p)) for t, partitions in wanted for p in partitions}
+        if group is None:
+            return {} if wanted is None else {(t, p): None for t, ps in wanted for p in ps}
+        keys = list(group.offsets) if wanted is None else [(t, p) for t, ps in wanted for p in ps]
+        return {
+            tp: ErrorCode.UNSTABLE_OFFSET_COMMIT
+            if require_stable and group.is_unstable(*tp)
+            else group.offsets.get(tp)
+            for tp in keys
+        }
 
     async def delete_offsets(
         self, group_id: str, partitions: list[tuple[str, int]], subscribed: set[str]
     ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         """OffsetDelete (Kafka's rules): not for a group with members, unless it is a
-        consumer group not subscribed to the topic (GROUP_SUBSCRIBED_TO_TOPIC)."""
+        consumer group not subscribed to the topic (GROUP_SUBSCRIBED_TO_TOPIC). As in
+        Kafka, commits of those partitions still being written or waiting for their
+        transaction are cancelled too; a tombstone is written for them as well, so a
+        successor reading the log cancels them at the same place."""
         try:
             group = self.lookup(group_id)
         except KafkaError as error:
@@ -482,21 +525,27 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
             return ErrorCode.NON_EMPTY_GROUP, {}
         results: dict[tuple[str, int], ErrorCode] = {}
         deleting = []
+        pending = group.pending_partitions()
         for tp in partitions:
             if group.members and tp[0] in subscribed:
                 results[tp] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
             else:
                 results[tp] = ErrorCode.NONE
-                if tp in group.offsets:
+                if (tp in group.offsets or tp in pending) and tp not in deleting:
                     deleting.append(tp)
         if deleting:
+            group.cancel_pending(deleting)
             code = await self._tombstone_offsets(group, deleting)
             if code is not ErrorCode.NONE:
                 return code, {}
         return ErrorCode.NONE, results
 
     async def delete_group(self, group_id: str) -> ErrorCode:
-        """DeleteGroups for one group: only one without members (NON_EMPTY_GROUP)."""
+        """DeleteGroups for one group: only one without members (NON_EMPTY_GROUP). As in
+        Kafka, the group is gone at once, with its commits still being written or waiting
+        for their transaction (a COMMIT marker later finds no group to apply them to, as a
+        successor finds the group's tombstone before it); a request meanwhile meets a new
+        group, whose records follow the tombstones."""
         try:
             group = self.lookup(group_id)
         except KafkaError as error:
@@ -509,9 +558,8 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
             (encode_offset_key(OffsetKey(group_id, t, p)), None) for t, p in group.offsets
         ]
         records.append((encode_group_key(GroupKey(group_id)), None))
+        self._forget(group)
         code, _ = await self._append(group_id, records)
-        if code is ErrorCode.NONE and self.groups.get(group_id) is group:
-            self._forget(group)
         return code
 
     async def _tombstone_offsets(
@@ -520,10 +568,10 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         records: list[tuple[bytes, bytes | None]] = [
             (encode_offset_key(OffsetKey(group.group_id, t, p)), None) for t, p in partitions
         ]
-        code, _ = await self._append(group.group_id, records)
+        code, first = await self._append(group.group_id, records)
         if code is ErrorCode.NONE:
-            for topic, partition in partitions:
-                group.committed(topic, partition, None)
+            for n, (topic, partition) in enumerate(partitions):
+                group.uncommitted(topic, partition, first + n)
         return code
 
     def _forget(self, group: Group) -> None:
@@ -584,7 +632,10 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
         """offsets.retention.ms (Kafka 2.1+): a group's offsets go once it has been Empty
         that long (a group that never had members: each offset that long after its commit);
         a group left with no members, no member id waiting for its second join and no
-        offsets goes too."""
+        offsets goes too. A partition with a commit still being written or waiting for its
+        transaction is kept until that ends (Kafka skips only the first kind; skipping both
+        keeps a successor, which reads a tombstone as cancelling what is pending, in step),
+        and so is a group with any."""
         now = self._clock()
         retention = self.settings.retention_ms
         for group in list(self.groups.values()):
@@ -598,6 +649,7 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
                 expired = list(group.offsets)
             else:
                 continue
+            expired = [tp for tp in expired if not group.is_unstable(*tp)]
             if expired:
                 log.info("group %s: %d committed offsets expired", group.group_id, len(expired))
                 if await self._tombstone_offsets(group, expired) is not ErrorCode.NONE:
@@ -618,12 +670,18 @@ class GroupCoordinator(InternalTopicCoordinator[list[Read]]):
 
 def _abandoned(group: Group) -> bool:
     """Empty with nothing to keep: no members, no member ids handed out and waiting for
-    their second join, no committed offsets."""
+    their second join, no offsets (committed, being written or in an open transaction)."""
     return (
         group.state is GroupState.EMPTY
         and not group.members
         and not group.pending_members
-        and not group.offsets
+        and not group.has_offsets()
+    )
+
+
+def _committed(commit: Commit, now: int, log_offset: int) -> CommittedOffset:
+    return CommittedOffset(
+        commit.offset, commit.leader_epoch, commit.metadata or "", now, log_offset
     )
 
 
@@ -646,22 +704,3 @@ def _read_offsets(partition: Partition) -> list[Read]:
         elif record.key is not None:
             out.append((producer, (record.offset, record.key, record.value)))
     return out
-
-
-def _settle_transactions(read: list[Read]) -> tuple[list[Keyed], dict[int, list[Keyed]]]:
-    """The records that count, in log order — those outside transactions, and those of
-    committed transactions placed at their COMMIT marker — and the records of the
-    transactions still open, by producer id (aborted ones are dropped)."""
-    settled: list[Keyed] = []
-    open_txns: dict[int, list[Keyed]] = {}
-    for producer, item in read:
-        if producer is None:
-            assert not isinstance(item, bool)
-            settled.append(item)
-        elif isinstance(item, bool):
-            ended = open_txns.pop(producer, [])
-            if item:
-                settled.extend(ended)
-        else:
-            open_txns.setdefault(producer, []).append(item)
-    return settled, open_txns

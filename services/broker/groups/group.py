@@ -123,7 +123,7 @@ class CommittedOffset:
     leader_epoch: int
     metadata: str
     commit_timestamp: int
-    log_offset: int  # of its record in __consumer_offsets: of two commits the later wins
+    log_offset: int  # of its record in __consumer_offsets (-1: being written); later wins
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +154,12 @@ class Group:
         self.static_members: dict[str, str] = {}  # group.instance.id -> member id
         self.pending_members: dict[str, int] = {}  # ids handed out, not yet joined -> deadline
         self.offsets: dict[tuple[str, int], CommittedOffset] = {}
+        # Kafka's pendingTransactionalOffsetCommits: by producer id, offsets written in its
+        # open transaction; and its pendingOffsetCommits: plain commits being written, by
+        # partition, as the tokens of their writes.
+        self.pending_txn: dict[int, dict[tuple[str, int], CommittedOffset]] = {}
+        self._writing: dict[tuple[str, int], set[int]] = {}
+        self._next_write = 0
         self._rebalance_deadline = 0
         self._initial_join_until = 0  # while a new group waits for more members
         self._replies: list[Reply] = []
@@ -583,15 +589,118 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def committed(self, topic: str, partition: int, offset: CommittedOffset | None) -> None:
-        """A commit (or, with None, a deletion) that is now durable; an older record that
-        completes late does not undo a newer one."""
+    def committed(self, topic: str, partition: int, offset: CommittedOffset) -> None:
+        """A commit that now counts; of two commits of a partition the one whose record
+        is later in the log wins, whichever completes first (Kafka's `olderThan`)."""
         key = (topic, partition)
         current = self.offsets.get(key)
-        if offset is None:
-            self.offsets.pop(key, None)
-        elif current is None or current.log_offset < offset.log_offset:
+        if current is None or current.log_offset < offset.log_offset:
             self.offsets[key] = offset
+
+    def uncommitted(self, topic: str, partition: int, log_offset: int) -> None:
+        """A tombstone at `log_offset` deleted the partition's offset: a commit written
+        before it goes, one written after it stays."""
+        key = (topic, partition)
+        current = self.offsets.get(key)
+        if current is not None and current.log_offset < log_offset:
+            del self.offsets[key]
+
+    def commit_started(self, partitions: Iterable[tuple[str, int]]) -> int:
+        """A plain OffsetCommit's records are being written: until `commit_finished`, a
+        stable OffsetFetch of these partitions is answered UNSTABLE_OFFSET_COMMIT. The
+        token names this write."""
+        self._next_write += 1
+        for key in partitions:
+            self._writing.setdefault(key, set()).add(self._next_write)
+        return self._next_write
+
+    def commit_finished(self, token: int, topic: str, partition: int) -> bool:
+        """The write `token` of the partition's commit ended; False when an OffsetDelete or
+        DeleteGroups cancelled it meanwhile (then it must not count, as in Kafka)."""
+        key = (topic, partition)
+        writing = self._writing.get(key)
+        if writing is None or token not in writing:
+            return False
+        writing.discard(token)
+        if not writing:
+            del self._writing[key]
+        return True
+
+    def txn_commit_started(
+        self, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]
+    ) -> None:
+        """A TxnOffsetCommit's records are being written in the producer's transaction
+        (their `log_offset` is -1 until `txn_commit_appended`); they count from its COMMIT
+        marker on. A later one of the same partition in that transaction replaces it."""
+        self.pending_txn.setdefault(producer_id, {}).update(offsets)
+
+    def txn_commit_appended(
+        self, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]
+    ) -> None:
+        """The records of `txn_commit_started` are in the log, at these positions."""
+        pending = self.pending_txn.get(producer_id, {})
+        for key, offset in offsets.items():
+            held = pending.get(key)
+            if held == dataclasses.replace(offset, log_offset=-1):
+                pending[key] = offset
+
+    def txn_commit_failed(self, producer_id: int, partitions: Iterable[tuple[str, int]]) -> None:
+        """The records of `txn_commit_started` were not written: they never count."""
+        pending = self.pending_txn.get(producer_id)
+        if pending is None:
+            return
+        for key in partitions:
+            held = pending.get(key)
+            if held is not None and held.log_offset < 0:
+                del pending[key]
+        if not pending:
+            del self.pending_txn[producer_id]
+
+    def txn_uncommitted(self, producer_id: int, topic: str, partition: int) -> None:
+        """A tombstone inside the producer's transaction: that partition's pending commit
+        in it is withdrawn (Kafka's reading of `__consumer_offsets`)."""
+        pending = self.pending_txn.get(producer_id)
+        if pending is not None:
+            pending.pop((topic, partition), None)
+
+    def txn_ended(self, producer_id: int, commit: bool) -> None:
+        """The producer's transaction ended: on COMMIT its offsets count, each unless the
+        partition's current commit was written later (Kafka's `olderThan` on log
+        positions, so a plain OffsetCommit written after the TxnOffsetCommit wins)."""
+        pending = self.pending_txn.pop(producer_id, {})
+        if not commit:
+            return
+        for (topic, partition), offset in pending.items():
+            if offset.log_offset >= 0:
+                self.committed(topic, partition, offset)
+
+    def cancel_pending(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """OffsetDelete or DeleteGroups: the partitions' commits still being written or
+        waiting for their transaction never count (Kafka's `removeOffsets`)."""
+        for key in partitions:
+            self._writing.pop(key, None)
+            for producer_id in list(self.pending_txn):
+                pending = self.pending_txn[producer_id]
+                pending.pop(key, None)
+                if not pending:
+                    del self.pending_txn[producer_id]
+
+    def pending_partitions(self) -> set[tuple[str, int]]:
+        """Partitions with a commit that does not count yet."""
+        keys = set(self._writing)
+        for pending in self.pending_txn.values():
+            keys |= pending.keys()
+        return keys
+
+    def is_unstable(self, topic: str, partition: int) -> bool:
+        """Whether the partition has a commit being written or held by an open transaction
+        (a stable OffsetFetch answers UNSTABLE_OFFSET_COMMIT, KIP-447)."""
+        key = (topic, partition)
+        return key in self._writing or any(key in p for p in self.pending_txn.values())
+
+    def has_offsets(self) -> bool:
+        """Kafka's `hasOffsets`: committed, being written, or waiting for a transaction."""
+        return bool(self.offsets or self._writing or self.pending_txn)
 
     # Time --------------------------------------------------------------------------------
 

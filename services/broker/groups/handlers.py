@@ -15,7 +15,7 @@ from services.broker.authorization import GROUP, TOPIC, Access, authorized_opera
 from services.broker.cluster_metadata import ClusterImage
 from services.broker.error_codes import error_code_for
 from services.broker.groups.coordinator import Commit, GroupCoordinator
-from services.broker.groups.group import Group, GroupState, JoinRequest
+from services.broker.groups.group import CommittedOffset, Group, GroupState, JoinRequest
 from services.broker.groups.offsets_topic import subscribed_topics
 from services.broker.metrics import BrokerMetrics
 
@@ -276,22 +276,30 @@ class GroupApis:
         ]
 
     async def offset_fetch(self, request: Any, header: RequestHeader) -> Any:
+        """OffsetFetch. With RequireStable (v7+: librdkafka and the Java consumer set it
+        for read_committed), a partition whose commit is not settled yet answers
+        UNSTABLE_OFFSET_COMMIT at partition level, in each group for v8+, and the client
+        retries (KIP-447)."""
         version = header.api_version
         response = APIS[ApiKey.OFFSET_FETCH].response
+        stable = version >= 7 and bool(request.require_stable)
         if version >= 8:
             groups = [
                 response.OffsetFetchResponseGroup(
-                    group_id=g.group_id, **self._fetch_group(g.group_id, g.topics, version)
+                    group_id=g.group_id,
+                    **self._fetch_group(g.group_id, g.topics, version, stable),
                 )
                 for g in request.groups
             ]
             return response(throttle_time_ms=0, groups=groups)
-        answer = self._fetch_group(request.group_id, request.topics, version)
+        answer = self._fetch_group(request.group_id, request.topics, version, stable)
         return response(
             throttle_time_ms=0, topics=answer["topics"], error_code=answer["error_code"]
         )
 
-    def _fetch_group(self, group_id: str, topics: Any, version: int) -> dict[str, Any]:
+    def _fetch_group(
+        self, group_id: str, topics: Any, version: int, require_stable: bool
+    ) -> dict[str, Any]:
         response = APIS[ApiKey.OFFSET_FETCH].response
         if version >= 8:
             topic_type = response.OffsetFetchResponseGroup.OffsetFetchResponseTopics
@@ -308,7 +316,9 @@ class GroupApis:
             if self._refused("offset_fetch", Operation.DESCRIBE, group_id):
                 raise denied(Operation.DESCRIBE, GROUP, group_id)
             offsets = self.coordinator.fetch_offsets(
-                group_id, None if wanted is None else [w for w in wanted if w[0] not in hidden]
+                group_id,
+                None if wanted is None else [w for w in wanted if w[0] not in hidden],
+                require_stable,
             )
             if wanted is None and self.access is not None:
                 shown = {t for t, _ in offsets} - self.access.refused(
@@ -320,15 +330,20 @@ class GroupApis:
             group_code = self._counted("offset_fetch", error_code_for(error))
             offsets = {} if wanted is None else {(t, p): None for t, ps in wanted for p in ps}
         by_topic: dict[str, list[Any]] = {}
-        for (topic, partition), committed in offsets.items():
+        for (topic, partition), found in offsets.items():
+            committed = found if isinstance(found, CommittedOffset) else None
+            if isinstance(found, ErrorCode):
+                code = self._counted("offset_fetch", found)
+            else:
+                # Before v2 there is no group-level code: each partition carries it.
+                code = group_code if version < 2 else ErrorCode.NONE
             by_topic.setdefault(topic, []).append(
                 partition_type(
                     partition_index=partition,
                     committed_offset=committed.offset if committed else -1,
                     committed_leader_epoch=committed.leader_epoch if committed else -1,
                     metadata=committed.metadata if committed else "",
-                    # Before v2 there is no group-level code: each partition carries it.
-                    error_code=group_code if version < 2 else ErrorCode.NONE,
+                    error_code=code,
                 )
             )
         if group_code is ErrorCode.NONE:
