@@ -1399,21 +1399,27 @@ class _Planned(NamedTuple):
     answer: int  # its place among the answers
 
 
-def _marker_type(data: Buffer, offset: int) -> int | None:
-    """The ControlRecordType of the control batch at `offset` in `data`, if it is there."""
+def _marker_at(data: Buffer, offset: int) -> tuple[int, BatchHeader] | None:
+    """The position and header of the control batch at `offset` in `data`, if it is there."""
     for position, header in iter_batches(data):
         if header.base_offset == offset and header.is_control:
-            for record in decode_records(data, position, header):
-                return control_type(record.key)
+            return position, header
+    return None
+
+
+def _marker_type(data: Buffer, offset: int) -> int | None:
+    """The ControlRecordType of the control batch at `offset` in `data`, if it is there."""
+    found = _marker_at(data, offset)
+    if found is not None:
+        for record in decode_records(data, *found):
+            return control_type(record.key)
     return None
 
 
 def _marker_epoch(data: Buffer, offset: int) -> int | None:
     """The coordinator epoch of the marker at `offset` in `data`, if it is there."""
-    for position, header in iter_batches(data):
-        if header.base_offset == offset and header.is_control:
-            return marker_coordinator_epoch(data, position)
-    return None
+    found = _marker_at(data, offset)
+    return None if found is None else marker_coordinator_epoch(data, found[0])
 
 
 def _result(plan: AppendPlan) -> AppendResult:

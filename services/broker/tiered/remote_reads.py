@@ -41,7 +41,7 @@ from directlog.records.errors import CorruptRecordError, RecordError
 from directlog.remote import layout
 from directlog.remote.index import CorruptIndexError, IndexEntry
 from directlog.remote.store import RemoteObjectMissingError, RemoteStore
-from directlog.remote.txn_index import AbortedTxn, decode_aborted
+from directlog.remote.txn_index import AbortedTxn, decode_aborted, overlapping
 from directlog.topics import TopicPartition
 from services.broker.metrics import BrokerMetrics
 from services.broker.storage import PartitionLog
@@ -236,9 +236,8 @@ class RemoteReader:
             for t in partition_log.aborted_transactions(offset, end)
         }
         for uri in dict.fromkeys(entry.rdi.uri for entry in entries):
-            for txn in self._copy_txn_index(uri) or ():
-                if txn.last_offset >= offset and txn.first_offset < end:
-                    found.setdefault((txn.producer_id, txn.first_offset), txn)
+            for txn in overlapping(self._copy_txn_index(uri) or (), offset, end - 1):
+                found.setdefault((txn.producer_id, txn.first_offset), txn)
         return tuple(sorted(found.values(), key=lambda t: (t.first_offset, t.producer_id)))
 
     def _copy_txn_index(self, log_uri: str) -> tuple[AbortedTxn, ...] | None:
